@@ -1,0 +1,1 @@
+//! Procedural macros of `ckpt`; use them through the `ckpt` crate.

@@ -1,0 +1,547 @@
+// The C++ half of ckpt-runtime: a libtorch autograd node that recomputes a Rust
+// closure in backward, a counting wrapper around libtorch's CPU allocator, and the
+// CUDA caching allocator's statistics.
+//
+// Rules of this file (DESIGN.md decisions 1, 3, 4, 5, 6, 7):
+// - every `extern "C"` entry point catches every C++ exception and reports it through
+//   the caller's error callback; nothing throws across the FFI boundary;
+// - Rust callbacks never unwind (the Rust side wraps them in catch_unwind) and report
+//   failure through `ckpt_sink_error`;
+// - the node owns its Rust closure through `Segment`, whose destructor drops it when
+//   the autograd graph frees the node.
+
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/Generator.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// tch's `*mut C_tensor` is a heap-allocated `torch::Tensor`.
+typedef at::Tensor* tensor;
+
+extern "C" {
+// Runs the Rust closure. Takes ownership of the `n` input tensors. Pushes outputs with
+// `ckpt_sink_push(sink, ..)`; on failure calls `ckpt_sink_error` and returns non-zero.
+// `fwd_ctx` is the Rust caller's context during forward and null during recompute.
+typedef int32_t (*ckpt_run_fn)(void* closure, int32_t recompute, tensor* inputs, size_t n,
+                               void* sink, void* fwd_ctx);
+typedef void (*ckpt_drop_fn)(void* closure);
+typedef void (*ckpt_push_fn)(void* ctx, tensor t);
+typedef void (*ckpt_msg_fn)(void* ctx, const char* msg, size_t len);
+}
+
+namespace {
+
+std::string current_exception_message() {
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown C++ exception";
+  }
+}
+
+void report(ckpt_msg_fn set_err, void* err_ctx, const std::string& msg) {
+  if (set_err != nullptr) {
+    set_err(err_ctx, msg.data(), msg.size());
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// RNG and autocast state (decision 4)
+
+at::Tensor generator_state(at::Generator gen) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_generator_state(at::Generator gen, const at::Tensor& state) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+bool cuda_present() {
+  try {
+    return at::globalContext().hasCUDA();
+  } catch (...) {
+    return false;
+  }
+}
+
+struct RngState {
+  at::Tensor cpu;
+  std::vector<std::pair<c10::DeviceIndex, at::Tensor>> cuda;
+
+  // CPU generator, plus the CUDA generators of `devices`.
+  static RngState capture(const std::set<c10::DeviceIndex>& devices) {
+    RngState s;
+    s.cpu = generator_state(at::detail::getDefaultCPUGenerator());
+    for (auto idx : devices) {
+      auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, idx));
+      s.cuda.emplace_back(idx, generator_state(gen));
+    }
+    return s;
+  }
+
+  void restore() const {
+    set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
+    for (const auto& [idx, st] : cuda) {
+      set_generator_state(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, idx)),
+                          st);
+    }
+  }
+};
+
+struct AutocastState {
+  bool cpu_enabled = false;
+  bool cuda_enabled = false;
+  at::ScalarType cpu_dtype = at::kBFloat16;
+  at::ScalarType cuda_dtype = at::kHalf;
+  bool cache_enabled = true;
+
+  static AutocastState capture() {
+    AutocastState s;
+    s.cpu_enabled = at::autocast::is_autocast_enabled(at::kCPU);
+    s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+    s.cuda_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
+    s.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    s.cache_enabled = at::autocast::is_autocast_cache_enabled();
+    return s;
+  }
+
+  void apply() const {
+    at::autocast::set_autocast_enabled(at::kCPU, cpu_enabled);
+    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
+    at::autocast::set_autocast_enabled(at::kCUDA, cuda_enabled);
+    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
+    at::autocast::set_autocast_cache_enabled(cache_enabled);
+  }
+};
+
+// ---------------------------------------------------------------------------------
+// The segment: the Rust closure and what forward recorded for its recompute.
+
+struct OutputMeta {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype;
+  c10::Device device;
+};
+
+std::string describe(const OutputMeta& m) {
+  std::string s = "[";
+  for (size_t i = 0; i < m.sizes.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(m.sizes[i]);
+  }
+  s += "] ";
+  s += c10::toString(m.dtype);
+  s += " on ";
+  s += m.device.str();
+  return s;
+}
+
+std::atomic<int64_t> g_live_segments{0};
+
+struct Segment : torch::CustomClassHolder {
+  void* closure;
+  ckpt_run_fn run;
+  ckpt_drop_fn drop;
+  std::string name;
+  bool preserve_rng_state = true;
+  bool determinism_check = true;
+
+  bool has_rng = false;
+  RngState rng;
+  AutocastState autocast;
+  std::vector<OutputMeta> outputs;
+
+  Segment(void* c, ckpt_run_fn r, ckpt_drop_fn d) : closure(c), run(r), drop(d) {
+    g_live_segments.fetch_add(1);
+  }
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  ~Segment() override {
+    if (closure != nullptr) {
+      drop(closure);  // the Rust side catches panics of the closure's destructor
+    }
+    g_live_segments.fetch_sub(1);
+  }
+};
+
+struct Sink {
+  std::vector<at::Tensor> tensors;
+  bool failed = false;
+  std::string error;
+};
+
+// Calls the closure on `inputs`; throws c10::Error with the closure's message on failure.
+std::vector<at::Tensor> call_closure(const Segment& seg, bool recompute,
+                                     const std::vector<at::Tensor>& inputs, void* fwd_ctx) {
+  std::vector<tensor> raw;
+  raw.reserve(inputs.size());
+  try {
+    for (const auto& t : inputs) raw.push_back(new at::Tensor(t));
+  } catch (...) {
+    for (auto* p : raw) delete p;
+    throw;
+  }
+  Sink sink;
+  // The callback takes ownership of every pointer in `raw`, on success and on failure.
+  int32_t rc = seg.run(seg.closure, recompute ? 1 : 0, raw.data(), raw.size(), &sink, fwd_ctx);
+  if (rc != 0 || sink.failed) {
+    TORCH_CHECK(false, sink.error.empty() ? "checkpointed closure failed" : sink.error);
+  }
+  return std::move(sink.tensors);
+}
+
+// Fork semantics (torch.random.fork_rng): remember the current state, install the
+// forward's, and put the current one back when the recompute is over.
+struct RecomputeStateGuard {
+  const Segment& seg;
+  bool restore_rng = false;
+  RngState saved_rng;
+  AutocastState saved_autocast;
+
+  explicit RecomputeStateGuard(const Segment& s) : seg(s) {
+    saved_autocast = AutocastState::capture();
+    if (seg.has_rng) {
+      std::set<c10::DeviceIndex> devices;
+      for (const auto& [idx, st] : seg.rng.cuda) devices.insert(idx);
+      saved_rng = RngState::capture(devices);
+      restore_rng = true;
+      seg.rng.restore();
+    }
+    seg.autocast.apply();
+  }
+  ~RecomputeStateGuard() {
+    try {
+      saved_autocast.apply();
+      if (restore_rng) saved_rng.restore();
+    } catch (...) {
+      // A destructor must not throw; setting a state that was read a moment ago
+      // does not fail in practice.
+    }
+  }
+};
+
+bool differentiable(const at::Tensor& t) {
+  return at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type());
+}
+
+// ---------------------------------------------------------------------------------
+// The autograd function (decision 1)
+
+struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+  // `dummy` requires grad, so the node joins the graph even when no input does
+  // (decision 3); its gradient is always undefined.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& dummy,
+                               at::TensorList inputs, c10::intrusive_ptr<Segment> seg,
+                               void* fwd_ctx) {
+    (void)dummy;
+    std::vector<at::Tensor> in(inputs.begin(), inputs.end());
+    if (seg->preserve_rng_state) {
+      std::set<c10::DeviceIndex> devices;
+      for (const auto& t : in) {
+        if (t.device().is_cuda()) devices.insert(t.device().index());
+      }
+      if (devices.empty() && cuda_present()) {
+        devices.insert(at::detail::getCUDAHooks().getCurrentDevice());
+      }
+      seg->rng = RngState::capture(devices);
+      seg->has_rng = true;
+    }
+    seg->autocast = AutocastState::capture();
+
+    std::vector<at::Tensor> outs = call_closure(*seg, false, in, fwd_ctx);
+
+    std::vector<at::Tensor> non_differentiable;
+    seg->outputs.clear();
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const auto& o = outs[i];
+      TORCH_CHECK(o.defined(), "checkpoint `", seg->name, "`: output ", i,
+                  " is an undefined tensor");
+      seg->outputs.push_back({o.sizes().vec(), o.scalar_type(), o.device()});
+      if (!differentiable(o)) non_differentiable.push_back(o);
+    }
+    if (!non_differentiable.empty()) ctx->mark_non_differentiable(non_differentiable);
+    ctx->save_for_backward(in);
+    ctx->saved_data["segment"] = c10::IValue::make_capsule(seg);
+    ctx->set_materialize_grads(false);
+    return outs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto seg = c10::static_intrusive_pointer_cast<Segment>(ctx->saved_data["segment"].toCapsule());
+    // The engine runs a node with grad mode on exactly when the caller asked for
+    // create_graph (double backward).
+    const bool create_graph = c10::GradMode::is_enabled();
+    std::vector<at::Tensor> saved = ctx->get_saved_variables();
+
+    // The stash, cut from the forward graph: recompute builds a fresh local graph.
+    std::vector<at::Tensor> detached;
+    detached.reserve(saved.size());
+    for (const auto& s : saved) {
+      at::Tensor d = s.detach();
+      d.set_requires_grad(s.requires_grad());
+      detached.push_back(d);
+    }
+
+    std::vector<at::Tensor> outs;
+    {
+      RecomputeStateGuard state(*seg);
+      at::AutoGradMode grad_on(true);
+      outs = call_closure(*seg, true, detached, nullptr);
+    }
+
+    if (seg->determinism_check) {
+      TORCH_CHECK(outs.size() == seg->outputs.size(), "checkpoint `", seg->name,
+                  "`: recompute returned ", outs.size(), " tensors, forward returned ",
+                  seg->outputs.size(),
+                  "; the segment must compute the same thing both times (side effects? "
+                  "data-dependent control flow?)");
+      for (size_t i = 0; i < outs.size(); ++i) {
+        const auto& want = seg->outputs[i];
+        OutputMeta got{outs[i].sizes().vec(), outs[i].scalar_type(), outs[i].device()};
+        TORCH_CHECK(got.sizes == want.sizes && got.dtype == want.dtype &&
+                        got.device == want.device,
+                    "checkpoint `", seg->name, "`: recomputed output ", i, " is ",
+                    describe(got), " but forward produced ", describe(want),
+                    "; the segment must compute the same thing both times (side effects? "
+                    "data-dependent control flow?); set determinism_check = false to skip "
+                    "this check");
+      }
+    } else {
+      TORCH_CHECK(outs.size() == seg->outputs.size(), "checkpoint `", seg->name,
+                  "`: recompute returned ", outs.size(), " tensors, forward returned ",
+                  seg->outputs.size());
+    }
+
+    std::vector<at::Tensor> roots, root_grads;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (i < grads.size() && grads[i].defined() && outs[i].requires_grad()) {
+        roots.push_back(outs[i]);
+        root_grads.push_back(grads[i]);
+      }
+    }
+
+    // Gradients: dummy, one per input, then the two non-tensor arguments.
+    variable_list result(1 + detached.size() + 2);
+    if (roots.empty()) return result;
+
+    if (torch::autograd::Engine::get_default_engine().is_checkpoint_valid()) {
+      // loss.backward(): backpropagate through the recomputed graph. Parameters
+      // captured by the closure accumulate their .grad here, as without checkpointing.
+      torch::autograd::backward(roots, root_grads, create_graph, create_graph);
+      for (size_t i = 0; i < detached.size(); ++i) {
+        if (detached[i].requires_grad()) result[1 + i] = detached[i].grad();
+      }
+    } else {
+      // run_backward / autograd.grad with explicit inputs: nothing may accumulate into
+      // .grad, so only the gradients of the stash are computed; tensors captured by
+      // the closure (parameters) are not reachable this way.
+      std::vector<at::Tensor> wanted;
+      std::vector<size_t> index;
+      for (size_t i = 0; i < detached.size(); ++i) {
+        if (detached[i].requires_grad()) {
+          wanted.push_back(detached[i]);
+          index.push_back(i);
+        }
+      }
+      if (!wanted.empty()) {
+        auto gs = torch::autograd::grad(roots, wanted, root_grads, create_graph, create_graph,
+                                        /*allow_unused=*/true);
+        for (size_t k = 0; k < index.size(); ++k) result[1 + index[k]] = gs[k];
+      }
+    }
+    return result;
+  }
+};
+
+// ---------------------------------------------------------------------------------
+// Counting CPU allocator (decision 7)
+
+std::atomic<int64_t> g_cpu_current{0};
+std::atomic<int64_t> g_cpu_peak{0};
+
+void bump_peak(int64_t now) {
+  int64_t peak = g_cpu_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_cpu_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+struct CountedBlock {
+  c10::DataPtr inner;
+  int64_t bytes;
+};
+
+void counted_delete(void* ctx) {
+  auto* block = static_cast<CountedBlock*>(ctx);
+  g_cpu_current.fetch_sub(block->bytes, std::memory_order_relaxed);
+  delete block;  // frees `inner` through the wrapped allocator's deleter
+}
+
+struct CountingAllocator final : public c10::Allocator {
+  c10::Allocator* inner;
+  explicit CountingAllocator(c10::Allocator* a) : inner(a) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr p = inner->allocate(n);
+    void* data = p.get();
+    c10::Device device = p.device();
+    auto* block = new CountedBlock{std::move(p), static_cast<int64_t>(n)};
+    int64_t now = g_cpu_current.fetch_add(block->bytes, std::memory_order_relaxed) + block->bytes;
+    bump_peak(now);
+    return {data, block, &counted_delete, device};
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+std::once_flag g_alloc_once;
+
+void install_counting_allocator() {
+  std::call_once(g_alloc_once, [] {
+    static CountingAllocator counting(c10::GetCPUAllocator());
+    // Priority above the default registration (0), so libtorch uses it from now on.
+    c10::SetCPUAllocator(&counting, /*priority=*/100);
+  });
+}
+
+c10::DeviceAllocator* cuda_allocator() {
+  TORCH_CHECK(cuda_present(), "CUDA is not available (no CUDA device, or libtorch_cuda is not loaded)");
+  return c10::getDeviceAllocator(c10::DeviceType::CUDA);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------
+// C API used by src/ffi.rs
+
+extern "C" {
+
+void ckpt_sink_push(void* sink, tensor t) {
+  try {
+    static_cast<Sink*>(sink)->tensors.push_back(*t);
+  } catch (...) {
+    auto* s = static_cast<Sink*>(sink);
+    s->failed = true;
+    s->error = "out of memory while collecting outputs";
+  }
+}
+
+void ckpt_sink_error(void* sink, const char* msg, size_t len) {
+  auto* s = static_cast<Sink*>(sink);
+  s->failed = true;
+  try {
+    s->error.assign(msg, len);
+  } catch (...) {
+  }
+}
+
+// Runs the closure as a checkpointed segment. Always takes ownership of `closure`
+// (it is dropped through `drop` when the graph frees the node, or at once on failure).
+// Outputs are handed to `push_out(out_ctx, ..)` (ownership passes to the callee).
+// Returns 0 on success, else reports through `set_err(out_ctx, ..)` and returns 1.
+int32_t ckpt_apply(void* closure, ckpt_run_fn run, ckpt_drop_fn drop, const tensor* inputs,
+                   size_t n_inputs, int32_t preserve_rng_state, int32_t determinism_check,
+                   const char* name, size_t name_len, void* fwd_ctx, void* out_ctx,
+                   ckpt_push_fn push_out, ckpt_msg_fn set_err) {
+  c10::intrusive_ptr<Segment> seg;
+  try {
+    seg = c10::make_intrusive<Segment>(closure, run, drop);
+  } catch (...) {
+    drop(closure);
+    report(set_err, out_ctx, current_exception_message());
+    return 1;
+  }
+  try {
+    install_counting_allocator();
+    seg->name.assign(name, name_len);
+    seg->preserve_rng_state = preserve_rng_state != 0;
+    seg->determinism_check = determinism_check != 0;
+    std::vector<at::Tensor> in;
+    in.reserve(n_inputs);
+    for (size_t i = 0; i < n_inputs; ++i) {
+      TORCH_CHECK(inputs[i]->defined(), "checkpoint `", seg->name, "`: input ", i,
+                  " is an undefined tensor");
+      in.push_back(*inputs[i]);
+    }
+    at::Tensor dummy = at::empty({0}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true);
+    variable_list outs =
+        CheckpointFunction::apply(dummy, at::TensorList(in), std::move(seg), fwd_ctx);
+    for (const auto& o : outs) push_out(out_ctx, new at::Tensor(o));
+    return 0;
+  } catch (...) {
+    report(set_err, out_ctx, current_exception_message());
+    return 1;
+  }
+}
+
+int32_t ckpt_grad_enabled() { return c10::GradMode::is_enabled() ? 1 : 0; }
+
+int64_t ckpt_live_segments() { return g_live_segments.load(); }
+
+void ckpt_memory_enable() {
+  try {
+    install_counting_allocator();
+  } catch (...) {
+  }
+}
+
+int64_t ckpt_cpu_current_bytes() { return g_cpu_current.load(); }
+
+int64_t ckpt_cpu_peak_bytes() { return g_cpu_peak.load(); }
+
+void ckpt_cpu_reset_peak() { g_cpu_peak.store(g_cpu_current.load()); }
+
+int32_t ckpt_cuda_memory(int32_t device, int64_t* current, int64_t* peak, void* err_ctx,
+                         ckpt_msg_fn set_err) {
+  try {
+    auto stats = cuda_allocator()->getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    const auto& s =
+        stats.allocated_bytes[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
+    *current = s.current;
+    *peak = s.peak;
+    return 0;
+  } catch (...) {
+    report(set_err, err_ctx, current_exception_message());
+    return 1;
+  }
+}
+
+int32_t ckpt_cuda_reset_peak(int32_t device, void* err_ctx, ckpt_msg_fn set_err) {
+  try {
+    cuda_allocator()->resetPeakStats(static_cast<c10::DeviceIndex>(device));
+    return 0;
+  } catch (...) {
+    report(set_err, err_ctx, current_exception_message());
+    return 1;
+  }
+}
+
+int32_t ckpt_cuda_available() { return cuda_present() ? 1 : 0; }
+
+}  // extern "C"

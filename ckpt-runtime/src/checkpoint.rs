@@ -1,0 +1,250 @@
+//! [`checkpoint`]: run a closure so that only its inputs are kept and it is recomputed
+//! in backward.
+
+use std::any::Any;
+use std::panic::Location;
+
+use tch::Tensor;
+
+use crate::ffi::{self, ApplyError};
+use crate::{CkptError, Stash};
+
+/// Options of one checkpointed segment, with PyTorch's defaults
+/// (`torch.utils.checkpoint.checkpoint`).
+///
+/// ```no_run
+/// use ckpt::{CheckpointOptions, checkpoint_with};
+/// # let xs = tch::Tensor::zeros([2, 3], (tch::Kind::Float, tch::Device::Cpu));
+/// let opts = CheckpointOptions::new().name("attention").preserve_rng_state(false);
+/// let ys = checkpoint_with(&opts, |x: tch::Tensor| x.relu(), xs);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointOptions {
+    pub(crate) preserve_rng_state: bool,
+    pub(crate) determinism_check: bool,
+    pub(crate) name: Option<String>,
+}
+
+impl Default for CheckpointOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CheckpointOptions {
+    /// `preserve_rng_state = true`, `determinism_check = true`, no name.
+    pub fn new() -> Self {
+        CheckpointOptions {
+            preserve_rng_state: true,
+            determinism_check: true,
+            name: None,
+        }
+    }
+
+    /// Stash the random-number-generator state at forward and replay the segment with it,
+    /// so dropout masks and other random ops are the same in the recompute (default on).
+    ///
+    /// The CPU generator is saved, and the CUDA generators of the devices of the segment's
+    /// input tensors (of the current CUDA device when no input is on CUDA). The state is
+    /// restored with fork semantics (`torch.random.fork_rng`): after backward the global
+    /// generators are where they would be without checkpointing. Turning it off saves a
+    /// copy of the generator state (about 5 KiB for the CPU generator) per segment.
+    pub fn preserve_rng_state(mut self, on: bool) -> Self {
+        self.preserve_rng_state = on;
+        self
+    }
+
+    /// Check that the recompute produces outputs of the shape, dtype and device that
+    /// forward produced (default on); a mismatch fails backward with an error that names
+    /// the segment, instead of computing wrong gradients. As PyTorch's
+    /// `determinism_check="default"`. The number of outputs is always checked.
+    pub fn determinism_check(mut self, on: bool) -> Self {
+        self.determinism_check = on;
+        self
+    }
+
+    /// The segment's name in error messages (default: the caller's source location,
+    /// `file:line:column`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+}
+
+/// Whether the calling code runs inside the recompute of a checkpointed segment (in
+/// backward), as opposed to its first run in forward or an unchecked run.
+///
+/// Use it to skip work that must happen once, such as logging or statistics updates.
+pub fn is_recomputing() -> bool {
+    ffi::is_recomputing()
+}
+
+/// Number of checkpointed segments alive: nodes in an autograd graph that still own their
+/// closure and stash. It returns to its earlier value once the outputs (and the graph
+/// that holds them) are dropped, whether or not backward ran.
+pub fn live_segments() -> i64 {
+    ffi::live_segments()
+}
+
+/// Runs `f(input)` as a checkpointed segment, with the default [`CheckpointOptions`].
+///
+/// What is saved: the tensors of `input` (the *stash*), the closure, and (with
+/// `preserve_rng_state`) the RNG state. What is not: the activations inside `f`, which
+/// backward recomputes by calling `f` again on the stash, with grad enabled, before
+/// backpropagating through the recomputed graph. Gradients reach the input tensors that
+/// require grad and the parameters `f` captured (for example a `ShallowClone` of a
+/// module), and equal those without checkpointing. The training loop is unchanged:
+/// `loss.backward()` and `nn::Optimizer` work as before.
+///
+/// - `input` and the output are any [`Stash`] value: a tensor, tuples, `Vec`, arrays,
+///   `Option`, and non-tensor values (carried, not differentiated). Integer outputs are
+///   marked non-differentiable.
+/// - `f` must be `Fn + Send + 'static`: it owns what it touches and may run again on
+///   another thread after this call returns. It must compute the same thing both times
+///   (no side effects); `#[checkpointed]` checks that at compile time.
+/// - No input needs `requires_grad`: parameters inside `f` get their gradients anyway.
+/// - Under `tch::no_grad` it simply returns `f(input)`; nested checkpoints work.
+/// - `Tensor::run_backward(&[loss], &[x], ..)` with `x` an input of the segment works
+///   (only the stash's gradients are computed then). Gradients of tensors captured by
+///   `f` cannot be requested that way (they come back undefined); use `backward()`.
+/// - Double backward (`create_graph = true`) differentiates through the recompute.
+///
+/// # Panics
+///
+/// When [`f_checkpoint`] returns an error: `f` panicked in forward (the panic is caught
+/// in the FFI callback and re-raised here with its message) or libtorch failed.
+/// Failures during recompute surface from `loss.backward()` (tch panics) or
+/// `loss.f_backward()` (an `Err` whose message names the segment).
+///
+/// Source: PyTorch's `torch.utils.checkpoint.checkpoint` (reentrant variant, with the
+/// dummy-input fix for inputs that do not require grad, pytorch#7617).
+#[track_caller]
+pub fn checkpoint<I, O, F>(f: F, input: I) -> O
+where
+    I: Stash,
+    O: Stash,
+    F: Fn(I) -> O + Send + 'static,
+{
+    let name = default_name(Location::caller());
+    match run(&CheckpointOptions::new(), name, f, input) {
+        Ok(o) => o,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The fallible twin of [`checkpoint`].
+///
+/// # Errors
+///
+/// [`CkptError::ClosurePanicked`] when `f` panics in forward, [`CkptError::Torch`] when
+/// libtorch fails (for example an input tensor is undefined).
+#[track_caller]
+pub fn f_checkpoint<I, O, F>(f: F, input: I) -> Result<O, CkptError>
+where
+    I: Stash,
+    O: Stash,
+    F: Fn(I) -> O + Send + 'static,
+{
+    let name = default_name(Location::caller());
+    run(&CheckpointOptions::new(), name, f, input)
+}
+
+/// [`checkpoint`] with explicit [`CheckpointOptions`].
+///
+/// # Panics
+///
+/// As [`checkpoint`].
+#[track_caller]
+pub fn checkpoint_with<I, O, F>(options: &CheckpointOptions, f: F, input: I) -> O
+where
+    I: Stash,
+    O: Stash,
+    F: Fn(I) -> O + Send + 'static,
+{
+    let name = options
+        .name
+        .clone()
+        .unwrap_or_else(|| default_name(Location::caller()));
+    match run(options, name, f, input) {
+        Ok(o) => o,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The fallible twin of [`checkpoint_with`].
+///
+/// # Errors
+///
+/// As [`f_checkpoint`].
+#[track_caller]
+pub fn f_checkpoint_with<I, O, F>(
+    options: &CheckpointOptions,
+    f: F,
+    input: I,
+) -> Result<O, CkptError>
+where
+    I: Stash,
+    O: Stash,
+    F: Fn(I) -> O + Send + 'static,
+{
+    let name = options
+        .name
+        .clone()
+        .unwrap_or_else(|| default_name(Location::caller()));
+    run(options, name, f, input)
+}
+
+fn default_name(loc: &Location<'_>) -> String {
+    format!("{}:{}:{}", loc.file(), loc.line(), loc.column())
+}
+
+/// Runs `f(input)` as a segment named `name` (the macros and `checkpoint_sequential`
+/// name their segments themselves).
+#[doc(hidden)]
+pub fn run<I, O, F>(
+    options: &CheckpointOptions,
+    name: String,
+    f: F,
+    input: I,
+) -> Result<O, CkptError>
+where
+    I: Stash,
+    O: Stash,
+    F: Fn(I) -> O + Send + 'static,
+{
+    if !ffi::grad_enabled() {
+        return Ok(f(input));
+    }
+    let mut stash = Vec::new();
+    let skeleton = input.unpack(&mut stash);
+    let erased = move |tensors: Vec<Tensor>| {
+        let mut it = tensors.into_iter();
+        let input = I::pack(&skeleton, &mut it);
+        let output = f(input);
+        let mut out = Vec::new();
+        let out_skeleton = output.unpack(&mut out);
+        (out, Box::new(out_skeleton) as Box<dyn Any>)
+    };
+    let segment = name.clone();
+    match ffi::apply(
+        Box::new(erased),
+        name,
+        &stash,
+        options.preserve_rng_state,
+        options.determinism_check,
+    ) {
+        Ok((tensors, skeleton)) => {
+            let skeleton = skeleton
+                .downcast::<O::Skeleton>()
+                .expect("ckpt: the forward skeleton has the output's type");
+            let mut it = tensors.into_iter();
+            Ok(O::pack(&skeleton, &mut it))
+        }
+        Err(ApplyError::Panicked(message)) => Err(CkptError::ClosurePanicked {
+            segment,
+            recompute: false,
+            message,
+        }),
+        Err(ApplyError::Torch(message)) => Err(CkptError::Torch(message)),
+    }
+}

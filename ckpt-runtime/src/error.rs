@@ -1,0 +1,44 @@
+//! The error type of `ckpt`.
+
+/// Everything that can go wrong in `ckpt`'s runtime.
+///
+/// Each panicking function of the crate has an `f_` twin returning
+/// `Result<_, CkptError>` (tch's convention); the panicking one panics with this error's
+/// message. Errors that arise during recompute, inside `loss.backward()`, reach you
+/// through tch: `loss.f_backward()` returns `Err(TchError::Torch(message))` whose message
+/// is this error's text (it names the segment), and `loss.backward()` panics with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CkptError {
+    /// An argument is outside its valid range (for example `segments = 0`).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// The checkpointed closure panicked; `message` is the panic message. Raised from
+    /// `f_checkpoint` when it happens in forward; during recompute the same text reaches
+    /// you through `loss.f_backward()`.
+    #[error("checkpoint `{segment}`: the closure panicked{during}: {message}", during = if *.recompute { " during recompute" } else { "" })]
+    ClosurePanicked {
+        /// The segment's name (`CheckpointOptions::name`, or the caller's source location).
+        segment: String,
+        /// Whether the panic happened while recomputing in backward.
+        recompute: bool,
+        /// The panic payload, when it is a string.
+        message: String,
+    },
+
+    /// libtorch raised an error (the message is libtorch's, prefixed by the segment when
+    /// there is one).
+    #[error("libtorch: {0}")]
+    Torch(String),
+
+    /// CUDA was asked for but is not available, or its allocator statistics failed.
+    #[error("CUDA: {0}")]
+    Cuda(String),
+}
+
+impl From<tch::TchError> for CkptError {
+    fn from(e: tch::TchError) -> Self {
+        CkptError::Torch(e.to_string())
+    }
+}

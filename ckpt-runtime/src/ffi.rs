@@ -1,0 +1,317 @@
+//! The one `unsafe` boundary of the crate: declarations of `csrc/ckpt.cpp` and the Rust
+//! callbacks it calls. Nothing here unwinds into C++: every callback runs Rust code
+//! inside `catch_unwind` and reports failure through the C++ sink.
+
+use std::any::Any;
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use tch::Tensor;
+use torch_sys::C_tensor;
+
+type RunFn =
+    extern "C" fn(*mut c_void, i32, *mut *mut C_tensor, usize, *mut c_void, *mut c_void) -> i32;
+type DropFn = extern "C" fn(*mut c_void);
+type PushFn = extern "C" fn(*mut c_void, *mut C_tensor);
+type MsgFn = extern "C" fn(*mut c_void, *const u8, usize);
+
+unsafe extern "C" {
+    fn ckpt_sink_push(sink: *mut c_void, t: *mut C_tensor);
+    fn ckpt_sink_error(sink: *mut c_void, msg: *const u8, len: usize);
+    #[allow(clippy::too_many_arguments)]
+    fn ckpt_apply(
+        closure: *mut c_void,
+        run: RunFn,
+        drop: DropFn,
+        inputs: *const *mut C_tensor,
+        n_inputs: usize,
+        preserve_rng_state: i32,
+        determinism_check: i32,
+        name: *const u8,
+        name_len: usize,
+        fwd_ctx: *mut c_void,
+        out_ctx: *mut c_void,
+        push_out: PushFn,
+        set_err: MsgFn,
+    ) -> i32;
+    fn ckpt_grad_enabled() -> i32;
+    fn ckpt_live_segments() -> i64;
+    fn ckpt_memory_enable();
+    fn ckpt_cpu_current_bytes() -> i64;
+    fn ckpt_cpu_peak_bytes() -> i64;
+    fn ckpt_cpu_reset_peak();
+    fn ckpt_cuda_memory(
+        device: i32,
+        current: *mut i64,
+        peak: *mut i64,
+        err: *mut c_void,
+        set_err: MsgFn,
+    ) -> i32;
+    fn ckpt_cuda_reset_peak(device: i32, err: *mut c_void, set_err: MsgFn) -> i32;
+    fn ckpt_cuda_available() -> i32;
+}
+
+/// A segment's closure with its types erased: flat input tensors in, flat output tensors
+/// and the output's skeleton out. Panics are caught by the caller.
+pub(crate) type ErasedFn = dyn Fn(Vec<Tensor>) -> (Vec<Tensor>, Box<dyn Any>) + Send;
+
+struct Closure {
+    run: Box<ErasedFn>,
+    name: String,
+}
+
+/// What the forward run of a segment hands back to [`apply`] besides the tensors.
+#[derive(Default)]
+struct ForwardSlot {
+    skeleton: Option<Box<dyn Any>>,
+    panic: Option<String>,
+}
+
+#[derive(Default)]
+struct Outputs {
+    tensors: Vec<Tensor>,
+    error: Option<String>,
+}
+
+thread_local! {
+    static RECOMPUTING: Cell<u32> = const { Cell::new(0) };
+}
+
+pub(crate) fn is_recomputing() -> bool {
+    RECOMPUTING.with(|r| r.get() > 0)
+}
+
+struct RecomputeFlag(bool);
+
+impl RecomputeFlag {
+    fn enter(recompute: bool) -> Self {
+        if recompute {
+            RECOMPUTING.with(|r| r.set(r.get() + 1));
+        }
+        RecomputeFlag(recompute)
+    }
+}
+
+impl Drop for RecomputeFlag {
+    fn drop(&mut self) {
+        if self.0 {
+            RECOMPUTING.with(|r| r.set(r.get() - 1));
+        }
+    }
+}
+
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic payload is not a string".to_owned()
+    }
+}
+
+extern "C" fn run_callback(
+    closure: *mut c_void,
+    recompute: i32,
+    inputs: *mut *mut C_tensor,
+    n: usize,
+    sink: *mut c_void,
+    fwd_ctx: *mut c_void,
+) -> i32 {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: C++ passes `n` pointers from `new at::Tensor(..)` and hands their
+        // ownership to this callback; `Tensor::from_ptr` takes it (freed on drop).
+        let tensors: Vec<Tensor> = (0..n)
+            .map(|i| unsafe { Tensor::from_ptr(*inputs.add(i)) })
+            .collect();
+        // SAFETY: `closure` is the `Box<Closure>` leaked in `apply`; the C++ `Segment`
+        // that owns it outlives this call and only drops it through `drop_callback`.
+        let closure = unsafe { &*(closure as *const Closure) };
+        let _flag = RecomputeFlag::enter(recompute != 0);
+        let result = catch_unwind(AssertUnwindSafe(|| (closure.run)(tensors)));
+        (closure.name.as_str(), result)
+    }));
+    let (name, result) = match outcome {
+        Ok(v) => v,
+        Err(_) => {
+            let msg = "ckpt: internal error while preparing a checkpointed closure";
+            // SAFETY: `sink` is the live C++ `Sink` of this call.
+            unsafe { ckpt_sink_error(sink, msg.as_ptr(), msg.len()) };
+            return 1;
+        }
+    };
+    match result {
+        Ok((outputs, skeleton)) => {
+            for t in &outputs {
+                // SAFETY: `sink` is the live C++ `Sink` of this call; it copies the tensor
+                // handle (a refcount increment), so `outputs` may be dropped after.
+                unsafe { ckpt_sink_push(sink, t.as_ptr() as *mut C_tensor) };
+            }
+            if !fwd_ctx.is_null() {
+                // SAFETY: during forward `fwd_ctx` is the `ForwardSlot` on `apply`'s stack.
+                unsafe { (*(fwd_ctx as *mut ForwardSlot)).skeleton = Some(skeleton) };
+            }
+            0
+        }
+        Err(payload) => {
+            let message = panic_message(payload.as_ref());
+            let err = crate::CkptError::ClosurePanicked {
+                segment: name.to_owned(),
+                recompute: recompute != 0,
+                message: message.clone(),
+            }
+            .to_string();
+            if !fwd_ctx.is_null() {
+                // SAFETY: as above.
+                unsafe { (*(fwd_ctx as *mut ForwardSlot)).panic = Some(message) };
+            }
+            // SAFETY: `sink` is the live C++ `Sink` of this call.
+            unsafe { ckpt_sink_error(sink, err.as_ptr(), err.len()) };
+            1
+        }
+    }
+}
+
+extern "C" fn drop_callback(closure: *mut c_void) {
+    // SAFETY: called exactly once, by the C++ `Segment` destructor, on the pointer that
+    // `apply` leaked with `Box::into_raw`.
+    let boxed = unsafe { Box::from_raw(closure as *mut Closure) };
+    // Dropping captured tensors does not panic; if user code in a Drop impl does, the
+    // panic stops here instead of unwinding into C++.
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(boxed)));
+}
+
+extern "C" fn push_output(ctx: *mut c_void, t: *mut C_tensor) {
+    // SAFETY: `ctx` is the `Outputs` on `apply`'s stack; `t` comes from
+    // `new at::Tensor(..)` and its ownership passes to the Rust `Tensor`.
+    unsafe { (*(ctx as *mut Outputs)).tensors.push(Tensor::from_ptr(t)) };
+}
+
+extern "C" fn set_error(ctx: *mut c_void, msg: *const u8, len: usize) {
+    // SAFETY: C++ passes a valid (pointer, length) of its own string, alive for the call.
+    let bytes = unsafe { std::slice::from_raw_parts(msg, len) };
+    let text = String::from_utf8_lossy(bytes).into_owned();
+    // SAFETY: `ctx` is an `Outputs` or `Option<String>`-bearing `Outputs` on the caller's stack.
+    unsafe { (*(ctx as *mut Outputs)).error = Some(text) };
+}
+
+/// What [`apply`] returns on failure.
+pub(crate) enum ApplyError {
+    Panicked(String),
+    Torch(String),
+}
+
+/// Runs `run` as a checkpointed segment through the C++ node and returns its output
+/// tensors and skeleton.
+pub(crate) fn apply(
+    run: Box<ErasedFn>,
+    name: String,
+    inputs: &[Tensor],
+    preserve_rng_state: bool,
+    determinism_check: bool,
+) -> Result<(Vec<Tensor>, Box<dyn Any>), ApplyError> {
+    let name_bytes = name.clone().into_bytes();
+    let closure = Box::into_raw(Box::new(Closure { run, name })) as *mut c_void;
+    let ptrs: Vec<*mut C_tensor> = inputs.iter().map(|t| t.as_ptr() as *mut C_tensor).collect();
+    let mut slot = ForwardSlot::default();
+    let mut out = Outputs::default();
+    // SAFETY: `ckpt_apply` takes ownership of `closure` (dropping it through
+    // `drop_callback`); the input pointers stay valid for the call because `inputs`
+    // borrows their owners; `slot` and `out` outlive the call; the callbacks match the
+    // C++ typedefs.
+    let rc = unsafe {
+        ckpt_apply(
+            closure,
+            run_callback,
+            drop_callback,
+            ptrs.as_ptr(),
+            ptrs.len(),
+            preserve_rng_state as i32,
+            determinism_check as i32,
+            name_bytes.as_ptr(),
+            name_bytes.len(),
+            &mut slot as *mut ForwardSlot as *mut c_void,
+            &mut out as *mut Outputs as *mut c_void,
+            push_output,
+            set_error,
+        )
+    };
+    if rc != 0 {
+        return Err(match slot.panic {
+            Some(message) => ApplyError::Panicked(message),
+            None => ApplyError::Torch(out.error.unwrap_or_else(|| "unknown error".to_owned())),
+        });
+    }
+    let skeleton = slot
+        .skeleton
+        .expect("ckpt: forward succeeded without a skeleton");
+    Ok((out.tensors, skeleton))
+}
+
+pub(crate) fn grad_enabled() -> bool {
+    // SAFETY: reads a thread-local flag of libtorch; no arguments.
+    unsafe { ckpt_grad_enabled() != 0 }
+}
+
+pub(crate) fn live_segments() -> i64 {
+    // SAFETY: reads an atomic counter; no arguments.
+    unsafe { ckpt_live_segments() }
+}
+
+pub(crate) fn memory_enable() {
+    // SAFETY: installs the counting allocator once (std::call_once); catches exceptions.
+    unsafe { ckpt_memory_enable() }
+}
+
+pub(crate) fn cpu_memory() -> (i64, i64) {
+    // SAFETY: reads two atomic counters; no arguments.
+    unsafe { (ckpt_cpu_current_bytes(), ckpt_cpu_peak_bytes()) }
+}
+
+pub(crate) fn cpu_reset_peak() {
+    // SAFETY: stores an atomic counter; no arguments.
+    unsafe { ckpt_cpu_reset_peak() }
+}
+
+pub(crate) fn cuda_available() -> bool {
+    // SAFETY: asks libtorch's CUDA hooks; exceptions are caught in C++.
+    unsafe { ckpt_cuda_available() != 0 }
+}
+
+pub(crate) fn cuda_memory(device: usize) -> Result<(i64, i64), String> {
+    let (mut current, mut peak) = (0i64, 0i64);
+    let mut out = Outputs::default();
+    // SAFETY: the out-pointers are valid for the call; `out` outlives it.
+    let rc = unsafe {
+        ckpt_cuda_memory(
+            device as i32,
+            &mut current,
+            &mut peak,
+            &mut out as *mut Outputs as *mut c_void,
+            set_error,
+        )
+    };
+    if rc == 0 {
+        Ok((current, peak))
+    } else {
+        Err(out.error.unwrap_or_default())
+    }
+}
+
+pub(crate) fn cuda_reset_peak(device: usize) -> Result<(), String> {
+    let mut out = Outputs::default();
+    // SAFETY: `out` outlives the call.
+    let rc = unsafe {
+        ckpt_cuda_reset_peak(
+            device as i32,
+            &mut out as *mut Outputs as *mut c_void,
+            set_error,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(out.error.unwrap_or_default())
+    }
+}

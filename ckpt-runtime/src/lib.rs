@@ -1,0 +1,37 @@
+//! Runtime of [`ckpt`](https://docs.rs/ckpt): activation checkpointing for tch.
+//!
+//! Use it through the `ckpt` facade crate, which re-exports everything here along with
+//! the `#[checkpointed]` and `model!` macros. The pieces:
+//!
+//! - [`checkpoint`] / [`f_checkpoint`] / [`checkpoint_with`]: run a closure as a
+//!   checkpointed segment through a libtorch autograd node (`csrc/ckpt.cpp`).
+//! - [`checkpoint_sequential`]: PyTorch's `checkpoint_sequential` over a slice of modules.
+//! - [`Stash`]: what may enter and leave a segment; [`ShallowClone`]: how module state
+//!   enters it; [`Shared`] for modules that cannot be shallow-cloned.
+//! - [`memory`]: exact current and peak tensor bytes on CPU and CUDA.
+//! - [`CkptError`]: the error of every `f_` function.
+
+mod checkpoint;
+mod error;
+mod ffi;
+pub mod memory;
+mod sequential;
+mod shallow;
+mod stash;
+
+pub use checkpoint::{
+    CheckpointOptions, checkpoint, checkpoint_with, f_checkpoint, f_checkpoint_with,
+    is_recomputing, live_segments,
+};
+pub use error::CkptError;
+pub use sequential::{
+    checkpoint_sequential, checkpoint_sequential_t, f_checkpoint_sequential,
+    f_checkpoint_sequential_t, sequential_segments,
+};
+pub use shallow::{ShallowClone, Shared};
+pub use stash::{Carry, Stash};
+
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::checkpoint::run as run_segment;
+}

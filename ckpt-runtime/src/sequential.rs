@@ -1,0 +1,152 @@
+//! [`checkpoint_sequential`]: checkpoint a chain of modules in segments.
+
+use std::ops::Range;
+
+use tch::Tensor;
+use tch::nn::{Module, ModuleT};
+
+use crate::checkpoint::{self, CheckpointOptions};
+use crate::{CkptError, ShallowClone};
+
+/// How [`checkpoint_sequential`] cuts `len` modules into `segments` groups, as PyTorch's
+/// `torch.utils.checkpoint.checkpoint_sequential` does: every group but the last has
+/// `len / segments` modules; the last group takes the rest, and it is **not**
+/// checkpointed (its activations are needed at once by backward).
+///
+/// `segments` larger than `len` is clamped to `len` (PyTorch raises an error there);
+/// `segments = 1` means one plain group, nothing checkpointed. `len = 0` gives one empty
+/// group.
+///
+/// # Errors
+///
+/// [`CkptError::InvalidArgument`] when `segments` is 0.
+///
+/// ```
+/// # use ckpt_runtime::sequential_segments;
+/// assert_eq!(sequential_segments(6, 3).unwrap(), vec![0..2, 2..4, 4..6]);
+/// assert_eq!(sequential_segments(7, 3).unwrap(), vec![0..2, 2..4, 4..7]);
+/// assert_eq!(sequential_segments(2, 5).unwrap(), vec![0..1, 1..2]);
+/// ```
+pub fn sequential_segments(len: usize, segments: usize) -> Result<Vec<Range<usize>>, CkptError> {
+    if segments == 0 {
+        return Err(CkptError::InvalidArgument(
+            "segments = 0: there must be at least one segment (segments = 1 checkpoints nothing)"
+                .into(),
+        ));
+    }
+    let segments = segments.min(len.max(1));
+    let size = len / segments;
+    let mut ranges: Vec<Range<usize>> = (0..segments - 1)
+        .map(|k| k * size..(k + 1) * size)
+        .collect();
+    ranges.push((segments - 1) * size..len);
+    Ok(ranges)
+}
+
+/// Runs `input` through `modules` in order, checkpointing all but the last of `segments`
+/// groups (see [`sequential_segments`] for the grouping). Gradients equal those of
+/// running the modules one after the other.
+///
+/// Each checkpointed group stashes its input tensor (`[batch, ..]` as the modules
+/// expect) and a [`ShallowClone`] of its modules (which shares their parameters, so
+/// gradients land in the `VarStore`). Peak memory of a chain of `L` equal layers falls
+/// from about `L` activations to `L / segments` plus `segments` stashed inputs.
+///
+/// # Panics
+///
+/// When [`f_checkpoint_sequential`] returns an error.
+pub fn checkpoint_sequential<M>(modules: &[M], segments: usize, input: &Tensor) -> Tensor
+where
+    M: Module + ShallowClone + 'static,
+{
+    f_checkpoint_sequential(modules, segments, input).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The fallible twin of [`checkpoint_sequential`].
+///
+/// # Errors
+///
+/// [`CkptError::InvalidArgument`] for `segments = 0`; as [`crate::f_checkpoint`] for a
+/// failing module.
+pub fn f_checkpoint_sequential<M>(
+    modules: &[M],
+    segments: usize,
+    input: &Tensor,
+) -> Result<Tensor, CkptError>
+where
+    M: Module + ShallowClone + 'static,
+{
+    run_chain(modules, segments, input, |m: &M, xs: &Tensor| m.forward(xs))
+}
+
+/// [`checkpoint_sequential`] for [`ModuleT`] modules, which take the train flag
+/// (dropout, batch norm).
+///
+/// # Panics
+///
+/// When [`f_checkpoint_sequential_t`] returns an error.
+pub fn checkpoint_sequential_t<M>(
+    modules: &[M],
+    segments: usize,
+    input: &Tensor,
+    train: bool,
+) -> Tensor
+where
+    M: ModuleT + ShallowClone + 'static,
+{
+    f_checkpoint_sequential_t(modules, segments, input, train).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The fallible twin of [`checkpoint_sequential_t`].
+///
+/// # Errors
+///
+/// As [`f_checkpoint_sequential`].
+pub fn f_checkpoint_sequential_t<M>(
+    modules: &[M],
+    segments: usize,
+    input: &Tensor,
+    train: bool,
+) -> Result<Tensor, CkptError>
+where
+    M: ModuleT + ShallowClone + 'static,
+{
+    run_chain(modules, segments, input, move |m: &M, xs: &Tensor| {
+        m.forward_t(xs, train)
+    })
+}
+
+fn run_chain<M, G>(
+    modules: &[M],
+    segments: usize,
+    input: &Tensor,
+    step: G,
+) -> Result<Tensor, CkptError>
+where
+    M: ShallowClone + Send + 'static,
+    G: Fn(&M, &Tensor) -> Tensor + Copy + Send + 'static,
+{
+    let ranges = sequential_segments(modules.len(), segments)?;
+    let (last, checkpointed) = ranges.split_last().expect("at least one group");
+    let mut xs = input.shallow_clone();
+    for (k, range) in checkpointed.iter().enumerate() {
+        let group: Vec<M> = modules[range.clone()]
+            .iter()
+            .map(ShallowClone::shallow_clone)
+            .collect();
+        let options = CheckpointOptions::new();
+        let name = format!(
+            "checkpoint_sequential segment {} of {} (modules {}..{})",
+            k + 1,
+            ranges.len(),
+            range.start,
+            range.end
+        );
+        xs = checkpoint::run(&options, name, move |x: Tensor| chain(&group, x, step), xs)?;
+    }
+    Ok(chain(&modules[last.clone()], xs, step))
+}
+
+fn chain<M, G: Fn(&M, &Tensor) -> Tensor>(modules: &[M], xs: Tensor, step: G) -> Tensor {
+    modules.iter().fold(xs, |xs, m| step(m, &xs))
+}
