@@ -16,6 +16,7 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/alignment.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -28,6 +29,7 @@
 #include <exception>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -49,6 +51,19 @@ typedef void (*ckpt_msg_fn)(void* ctx, const char* msg, size_t len);
 }
 
 namespace {
+
+// Errors of this file are std::runtime_error with a plain message: libtorch's engine
+// carries them out of backward unchanged, and tch reports `what()`, so users see the
+// message without a C++ backtrace.
+template <typename... Args>
+[[noreturn]] void fail(const Args&... args) {
+  throw std::runtime_error(c10::str(args...));
+}
+
+template <typename... Args>
+void check(bool ok, const Args&... args) {
+  if (!ok) fail(args...);
+}
 
 std::string current_exception_message() {
   try {
@@ -210,7 +225,7 @@ std::vector<at::Tensor> call_closure(const Segment& seg, bool recompute,
   // The callback takes ownership of every pointer in `raw`, on success and on failure.
   int32_t rc = seg.run(seg.closure, recompute ? 1 : 0, raw.data(), raw.size(), &sink, fwd_ctx);
   if (rc != 0 || sink.failed) {
-    TORCH_CHECK(false, sink.error.empty() ? "checkpointed closure failed" : sink.error);
+    fail(sink.error.empty() ? std::string("checkpointed closure failed") : sink.error);
   }
   return std::move(sink.tensors);
 }
@@ -279,7 +294,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     seg->outputs.clear();
     for (size_t i = 0; i < outs.size(); ++i) {
       const auto& o = outs[i];
-      TORCH_CHECK(o.defined(), "checkpoint `", seg->name, "`: output ", i,
+      check(o.defined(), "checkpoint `", seg->name, "`: output ", i,
                   " is an undefined tensor");
       seg->outputs.push_back({o.sizes().vec(), o.scalar_type(), o.device()});
       if (!differentiable(o)) non_differentiable.push_back(o);
@@ -298,13 +313,30 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     const bool create_graph = c10::GradMode::is_enabled();
     std::vector<at::Tensor> saved = ctx->get_saved_variables();
 
-    // The stash, cut from the forward graph: recompute builds a fresh local graph.
+    // loss.backward() reaches this node with an empty execution filter; run_backward /
+    // autograd.grad with explicit inputs with a non-empty one ("checkpoint valid" is
+    // PyTorch's name for the former).
+    const bool accumulate = torch::autograd::Engine::get_default_engine().is_checkpoint_valid();
+    check(!(accumulate && create_graph), "checkpoint `", seg->name,
+                "`: backward with create_graph = true is supported through run_backward with "
+                "explicit inputs (Tensor::run_backward(.., create_graph = true)), not through "
+                "backward()");
+
+    // The recompute's inputs. Normally the stash cut from the forward graph (detach), so
+    // the recompute builds a fresh local graph and nothing flows upstream twice. For
+    // double backward the input gradients must stay differentiable with respect to the
+    // real inputs, so the recompute runs on differentiable aliases of the stash instead:
+    // gradients stop at each alias, and the graph behind them stays connected.
     std::vector<at::Tensor> detached;
     detached.reserve(saved.size());
     for (const auto& s : saved) {
-      at::Tensor d = s.detach();
-      d.set_requires_grad(s.requires_grad());
-      detached.push_back(d);
+      if (create_graph && s.requires_grad()) {
+        detached.push_back(s.view_as(s));
+      } else {
+        at::Tensor d = s.detach();
+        d.set_requires_grad(s.requires_grad());
+        detached.push_back(d);
+      }
     }
 
     std::vector<at::Tensor> outs;
@@ -315,7 +347,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     }
 
     if (seg->determinism_check) {
-      TORCH_CHECK(outs.size() == seg->outputs.size(), "checkpoint `", seg->name,
+      check(outs.size() == seg->outputs.size(), "checkpoint `", seg->name,
                   "`: recompute returned ", outs.size(), " tensors, forward returned ",
                   seg->outputs.size(),
                   "; the segment must compute the same thing both times (side effects? "
@@ -323,7 +355,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       for (size_t i = 0; i < outs.size(); ++i) {
         const auto& want = seg->outputs[i];
         OutputMeta got{outs[i].sizes().vec(), outs[i].scalar_type(), outs[i].device()};
-        TORCH_CHECK(got.sizes == want.sizes && got.dtype == want.dtype &&
+        check(got.sizes == want.sizes && got.dtype == want.dtype &&
                         got.device == want.device,
                     "checkpoint `", seg->name, "`: recomputed output ", i, " is ",
                     describe(got), " but forward produced ", describe(want),
@@ -332,7 +364,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
                     "this check");
       }
     } else {
-      TORCH_CHECK(outs.size() == seg->outputs.size(), "checkpoint `", seg->name,
+      check(outs.size() == seg->outputs.size(), "checkpoint `", seg->name,
                   "`: recompute returned ", outs.size(), " tensors, forward returned ",
                   seg->outputs.size());
     }
@@ -349,7 +381,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     variable_list result(1 + detached.size() + 2);
     if (roots.empty()) return result;
 
-    if (torch::autograd::Engine::get_default_engine().is_checkpoint_valid()) {
+    if (accumulate) {
       // loss.backward(): backpropagate through the recomputed graph. Parameters
       // captured by the closure accumulate their .grad here, as without checkpointing.
       torch::autograd::backward(roots, root_grads, create_graph, create_graph);
@@ -390,15 +422,21 @@ void bump_peak(int64_t now) {
   }
 }
 
-struct CountedBlock {
-  c10::DataPtr inner;
-  int64_t bytes;
-};
+// Each allocation carries a header in front of the data with its requested size, so the
+// data pointer doubles as the context (libtorch's `raw_allocate` requires such "simple"
+// pointers) and freeing needs no lookup. The header is one alignment unit long, so the
+// data keeps the wrapped allocator's alignment.
+constexpr size_t kHeader = c10::gAlignment > sizeof(int64_t) ? c10::gAlignment : sizeof(int64_t);
 
-void counted_delete(void* ctx) {
-  auto* block = static_cast<CountedBlock*>(ctx);
-  g_cpu_current.fetch_sub(block->bytes, std::memory_order_relaxed);
-  delete block;  // frees `inner` through the wrapped allocator's deleter
+c10::DeleterFnPtr g_inner_raw_delete = nullptr;
+
+void counted_delete(void* data) {
+  if (data == nullptr) return;
+  char* block = static_cast<char*>(data) - kHeader;
+  int64_t bytes;
+  std::memcpy(&bytes, block, sizeof(bytes));
+  g_cpu_current.fetch_sub(bytes, std::memory_order_relaxed);
+  g_inner_raw_delete(block);
 }
 
 struct CountingAllocator final : public c10::Allocator {
@@ -406,14 +444,16 @@ struct CountingAllocator final : public c10::Allocator {
   explicit CountingAllocator(c10::Allocator* a) : inner(a) {}
 
   c10::DataPtr allocate(size_t n) override {
-    c10::DataPtr p = inner->allocate(n);
-    void* data = p.get();
-    c10::Device device = p.device();
-    auto* block = new CountedBlock{std::move(p), static_cast<int64_t>(n)};
-    int64_t now = g_cpu_current.fetch_add(block->bytes, std::memory_order_relaxed) + block->bytes;
+    void* block = inner->raw_allocate(n + kHeader);
+    const int64_t bytes = static_cast<int64_t>(n);
+    std::memcpy(block, &bytes, sizeof(bytes));
+    void* data = static_cast<char*>(block) + kHeader;
+    const int64_t now = g_cpu_current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     bump_peak(now);
-    return {data, block, &counted_delete, device};
+    return {data, data, &counted_delete, c10::Device(c10::DeviceType::CPU)};
   }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &counted_delete; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
@@ -424,14 +464,19 @@ std::once_flag g_alloc_once;
 
 void install_counting_allocator() {
   std::call_once(g_alloc_once, [] {
-    static CountingAllocator counting(c10::GetCPUAllocator());
+    c10::Allocator* inner = c10::GetCPUAllocator();
+    // Only an allocator with plain (pointer == context) allocations can be wrapped this
+    // way; libtorch's default CPU allocator is one. Otherwise counting stays off.
+    if (inner->raw_deleter() == nullptr) return;
+    g_inner_raw_delete = inner->raw_deleter();
+    static CountingAllocator counting(inner);
     // Priority above the default registration (0), so libtorch uses it from now on.
     c10::SetCPUAllocator(&counting, /*priority=*/100);
   });
 }
 
 c10::DeviceAllocator* cuda_allocator() {
-  TORCH_CHECK(cuda_present(), "CUDA is not available (no CUDA device, or libtorch_cuda is not loaded)");
+  check(cuda_present(), "CUDA is not available (no CUDA device, or libtorch_cuda is not loaded)");
   return c10::getDeviceAllocator(c10::DeviceType::CUDA);
 }
 
@@ -485,7 +530,7 @@ int32_t ckpt_apply(void* closure, ckpt_run_fn run, ckpt_drop_fn drop, const tens
     std::vector<at::Tensor> in;
     in.reserve(n_inputs);
     for (size_t i = 0; i < n_inputs; ++i) {
-      TORCH_CHECK(inputs[i]->defined(), "checkpoint `", seg->name, "`: input ", i,
+      check(inputs[i]->defined(), "checkpoint `", seg->name, "`: input ", i,
                   " is an undefined tensor");
       in.push_back(*inputs[i]);
     }

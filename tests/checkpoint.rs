@@ -1,0 +1,418 @@
+//! `ckpt::checkpoint`: gradients with checkpointing equal gradients without it, bit for
+//! bit on CPU, across the input/output shapes, options and situations of issue 2.
+
+mod common;
+
+use ckpt::{Carry, CheckpointOptions, ShallowClone};
+use common::{assert_all_equal, grads_of, input, params};
+use tch::nn::{self, Module, ModuleT};
+use tch::{Device, Kind, Tensor};
+
+fn mlp(vs: &nn::VarStore, dims: &[i64]) -> Vec<nn::Linear> {
+    dims.windows(2)
+        .enumerate()
+        .map(|(i, w)| nn::linear(vs.root() / format!("l{i}"), w[0], w[1], Default::default()))
+        .collect()
+}
+
+fn run_mlp(layers: &[nn::Linear], x: &Tensor) -> Tensor {
+    layers
+        .iter()
+        .fold(x.shallow_clone(), |h, l| l.forward(&h).relu())
+}
+
+#[test]
+fn mlp_chain_matches_plain() {
+    tch::manual_seed(1);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let layers = mlp(&vs, &[16, 32, 32, 32, 8]);
+    let x = input(&[4, 16]);
+    let mut ps = params(&vs);
+    ps.push(x.shallow_clone());
+
+    let plain = run_mlp(&layers, &x).square().sum(Kind::Float);
+    let want = grads_of(&plain, &ps);
+
+    // Two segments of two layers each, chained.
+    let (a, b) = (layers[..2].to_vec_shallow(), layers[2..].to_vec_shallow());
+    let h: Tensor = ckpt::checkpoint(move |x: Tensor| run_mlp(&a, &x), x.shallow_clone());
+    let y: Tensor = ckpt::checkpoint(move |h: Tensor| run_mlp(&b, &h), h);
+    let loss = y.square().sum(Kind::Float);
+    assert!(loss.equal(&plain), "forward values differ");
+    let got = grads_of(&loss, &ps);
+    assert_all_equal("grads", &got, &want);
+}
+
+trait ToVecShallow<T> {
+    fn to_vec_shallow(&self) -> Vec<T>;
+}
+impl<T: ShallowClone> ToVecShallow<T> for [T] {
+    fn to_vec_shallow(&self) -> Vec<T> {
+        self.iter().map(ShallowClone::shallow_clone).collect()
+    }
+}
+
+#[test]
+fn residual_blocks_match_plain() {
+    tch::manual_seed(2);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let blocks: Vec<nn::Linear> = (0..6)
+        .map(|i| nn::linear(vs.root() / format!("b{i}"), 24, 24, Default::default()))
+        .collect();
+    let block = |l: &nn::Linear, x: &Tensor| x + l.forward(x).gelu("none");
+    let x = input(&[3, 24]);
+    let mut ps = params(&vs);
+    ps.push(x.shallow_clone());
+
+    let plain = blocks
+        .iter()
+        .fold(x.shallow_clone(), |h, l| block(l, &h))
+        .sum(Kind::Float);
+    let want = grads_of(&plain, &ps);
+
+    let mut h = x.shallow_clone();
+    for pair in blocks.chunks(2) {
+        let pair = pair.to_vec_shallow();
+        h = ckpt::checkpoint(move |x: Tensor| pair.iter().fold(x, |h, l| block(l, &h)), h);
+    }
+    let loss = h.sum(Kind::Float);
+    assert!(loss.equal(&plain));
+    assert_all_equal("grads", &grads_of(&loss, &ps), &want);
+}
+
+#[test]
+fn several_inputs_and_outputs_with_non_tensor_values() {
+    tch::manual_seed(3);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let l = nn::linear(vs.root() / "l", 8, 8, Default::default());
+    let a = input(&[2, 8]);
+    let b = input(&[2, 8]);
+    let mask = Some(Tensor::from_slice(&[1.0f32, 0.0]).view([2, 1]));
+    let mut ps = params(&vs);
+    ps.push(a.shallow_clone());
+    ps.push(b.shallow_clone());
+
+    let f = |l: &nn::Linear, a: &Tensor, b: &Tensor, mask: &Option<Tensor>, scale: f64, n: i64| {
+        let h = l.forward(&(a * scale + b)).tanh();
+        let h = match mask {
+            Some(m) => &h * m,
+            None => h,
+        };
+        let parts: Vec<Tensor> = (0..n).map(|k| &h * (k as f64 + 1.0)).collect();
+        (Tensor::cat(&parts, 1), h.argmax(-1, false), n * 2)
+    };
+    let (p1, p_idx, p_n) = f(&l, &a, &b, &mask, 0.5, 3);
+    let plain = p1.sum(Kind::Float);
+    let want = grads_of(&plain, &ps);
+
+    let lc = l.shallow_clone();
+    type In = ((Tensor, Tensor), Option<Tensor>, [f64; 1], Carry<i64>);
+    let (c1, c_idx, c_n): (Tensor, Tensor, i64) = ckpt::checkpoint(
+        move |((a, b), mask, [scale], Carry(n)): In| f(&lc, &a, &b, &mask, scale, n),
+        (
+            (a.shallow_clone(), b.shallow_clone()),
+            mask.shallow_clone(),
+            [0.5],
+            Carry(3i64),
+        ),
+    );
+    assert_eq!(c_n, p_n);
+    assert!(c_idx.equal(&p_idx));
+    assert!(
+        !c_idx.requires_grad(),
+        "integer outputs are not differentiable"
+    );
+    let loss = c1.sum(Kind::Float);
+    assert!(loss.equal(&plain));
+    assert_all_equal("grads", &grads_of(&loss, &ps), &want);
+}
+
+#[test]
+fn vec_of_tensors_in_and_out() {
+    tch::manual_seed(4);
+    let xs: Vec<Tensor> = (0..4).map(|_| input(&[3, 5])).collect();
+    let f = |xs: Vec<Tensor>| {
+        xs.windows(2)
+            .map(|w| (&w[0] * &w[1]).sin())
+            .collect::<Vec<_>>()
+    };
+    let plain = Tensor::stack(&f(xs.shallow_clone()), 0).sum(Kind::Float);
+    let want = grads_of(&plain, &xs);
+    let outs: Vec<Tensor> = ckpt::checkpoint(f, xs.shallow_clone());
+    assert_eq!(outs.len(), 3);
+    let loss = Tensor::stack(&outs, 0).sum(Kind::Float);
+    assert_all_equal("grads", &grads_of(&loss, &xs), &want);
+}
+
+/// Dropout inside a segment: with `preserve_rng_state` the recompute draws the same mask.
+#[test]
+fn dropout_inside_a_segment_matches_plain() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    tch::manual_seed(5);
+    let l1 = nn::linear(vs.root() / "l1", 32, 64, Default::default());
+    let l2 = nn::linear(vs.root() / "l2", 64, 32, Default::default());
+    let x = input(&[8, 32]);
+    let ps = params(&vs);
+    let f = |l1: &nn::Linear, l2: &nn::Linear, x: &Tensor| {
+        l2.forward(&l1.forward(x).relu().dropout(0.5, true))
+            .dropout(0.3, true)
+    };
+
+    tch::manual_seed(99);
+    let plain = f(&l1, &l2, &x).sum(Kind::Float);
+    let want = grads_of(&plain, &ps);
+    let after_plain = Tensor::rand([4], (Kind::Float, Device::Cpu));
+
+    tch::manual_seed(99);
+    let (a, b) = (l1.shallow_clone(), l2.shallow_clone());
+    let y: Tensor = ckpt::checkpoint(move |x: Tensor| f(&a, &b, &x), x.shallow_clone());
+    let loss = y.sum(Kind::Float);
+    assert!(loss.equal(&plain), "same seed, same masks, same forward");
+    assert_all_equal("grads", &grads_of(&loss, &ps), &want);
+    // Fork semantics: backward restored the generator to where the forward left it.
+    let after_ckpt = Tensor::rand([4], (Kind::Float, Device::Cpu));
+    assert!(
+        after_ckpt.equal(&after_plain),
+        "the RNG stream after backward is unchanged"
+    );
+}
+
+/// Without `preserve_rng_state` the recompute draws fresh masks: gradients differ from
+/// the plain run (which shows the option does something).
+#[test]
+fn dropout_without_preserved_rng_state_differs() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    tch::manual_seed(6);
+    let l = nn::linear(vs.root() / "l", 64, 64, Default::default());
+    let x = input(&[16, 64]);
+    let ps = params(&vs);
+    tch::manual_seed(7);
+    let plain = l.forward(&x).dropout(0.5, true).sum(Kind::Float);
+    let want = grads_of(&plain, &ps);
+    tch::manual_seed(7);
+    let lc = l.shallow_clone();
+    let opts = CheckpointOptions::new().preserve_rng_state(false);
+    let y: Tensor = ckpt::checkpoint_with(
+        &opts,
+        move |x: Tensor| lc.forward(&x).dropout(0.5, true),
+        x.shallow_clone(),
+    );
+    let got = grads_of(&y.sum(Kind::Float), &ps);
+    assert!(
+        !got[0].equal(&want[0]),
+        "fresh masks in recompute give different gradients"
+    );
+}
+
+/// Token ids (integers) and a frozen input: no input requires grad, yet the parameters
+/// inside the segment get their gradients (pytorch#7617 does not happen here).
+#[test]
+fn parameters_get_gradients_when_no_input_requires_grad() {
+    tch::manual_seed(8);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let emb = nn::embedding(vs.root() / "emb", 50, 16, Default::default());
+    let l = nn::linear(vs.root() / "l", 16, 4, Default::default());
+    let ids = Tensor::from_slice(&[1i64, 7, 7, 42, 3, 0]).view([2, 3]);
+    let ps = params(&vs);
+    let f = |emb: &nn::Embedding, l: &nn::Linear, ids: &Tensor| {
+        l.forward(&emb.forward(ids)).mean_dim(1, false, Kind::Float)
+    };
+
+    let plain = f(&emb, &l, &ids).sum(Kind::Float);
+    let want = grads_of(&plain, &ps);
+    let (e, lc) = (emb.shallow_clone(), l.shallow_clone());
+    let y: Tensor = ckpt::checkpoint(move |ids: Tensor| f(&e, &lc, &ids), ids.shallow_clone());
+    assert!(y.requires_grad());
+    let got = grads_of(&y.sum(Kind::Float), &ps);
+    assert!(got.iter().all(Tensor::defined));
+    assert_all_equal("grads", &got, &want);
+
+    // A frozen float input behaves the same.
+    let frozen = Tensor::randn([2, 16], (Kind::Float, Device::Cpu));
+    let lc = l.shallow_clone();
+    let plain = l.forward(&frozen).sum(Kind::Float);
+    let want = grads_of(&plain, &ps);
+    let y: Tensor = ckpt::checkpoint(move |x: Tensor| lc.forward(&x), frozen.shallow_clone());
+    assert_all_equal("grads", &grads_of(&y.sum(Kind::Float), &ps), &want);
+}
+
+/// Outputs that need no gradient (a closure that touches no parameter, inputs that do
+/// not require grad) are fine, and backward through them is a no-op.
+#[test]
+fn outputs_that_need_no_grad() {
+    let x = Tensor::randn([3, 3], (Kind::Float, Device::Cpu));
+    let y: Tensor = ckpt::checkpoint(|x: Tensor| x.exp(), x.shallow_clone());
+    assert!(y.equal(&x.exp()));
+    let w = input(&[3, 3]);
+    let loss = (&y * &w).sum(Kind::Float);
+    loss.backward();
+    assert!(w.grad().equal(&x.exp()));
+}
+
+#[test]
+fn model_dropped_before_backward() {
+    tch::manual_seed(9);
+    let x = input(&[4, 8]);
+    let (loss, w, want) = {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let l = nn::linear(vs.root() / "l", 8, 8, Default::default());
+        let w = l.ws.shallow_clone();
+        let plain = l.forward(&x).tanh().sum(Kind::Float);
+        let want = grads_of(&plain, std::slice::from_ref(&w));
+        let lc = l.shallow_clone();
+        let y: Tensor = ckpt::checkpoint(move |x: Tensor| lc.forward(&x).tanh(), x.shallow_clone());
+        (y.sum(Kind::Float), w, want)
+        // `vs` and `l` are dropped here, before backward.
+    };
+    loss.backward();
+    assert!(w.grad().equal(&want[0]));
+}
+
+#[test]
+fn backward_on_another_thread() {
+    tch::manual_seed(10);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let l = nn::linear(vs.root() / "l", 8, 8, Default::default());
+    let x = input(&[4, 8]);
+    let ps = params(&vs);
+    let want = grads_of(&l.forward(&x).sin().sum(Kind::Float), &ps);
+    let lc = l.shallow_clone();
+    let y: Tensor = ckpt::checkpoint(move |x: Tensor| lc.forward(&x).sin(), x.shallow_clone());
+    let loss = y.sum(Kind::Float);
+    let forward_thread = std::thread::current().id();
+    std::thread::spawn(move || {
+        assert_ne!(std::thread::current().id(), forward_thread);
+        loss.backward();
+    })
+    .join()
+    .unwrap();
+    let got: Vec<Tensor> = ps.iter().map(|p| p.grad().copy()).collect();
+    assert_all_equal("grads", &got, &want);
+}
+
+#[test]
+fn nested_checkpoints() {
+    tch::manual_seed(11);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let layers = mlp(&vs, &[8, 8, 8, 8, 8]);
+    let x = input(&[2, 8]);
+    let mut ps = params(&vs);
+    ps.push(x.shallow_clone());
+    let want = grads_of(&run_mlp(&layers, &x).sum(Kind::Float), &ps);
+
+    let inner = layers[1..3].to_vec_shallow();
+    let (first, last) = (layers[0].shallow_clone(), layers[3].shallow_clone());
+    let y: Tensor = ckpt::checkpoint(
+        move |x: Tensor| {
+            let h = first.forward(&x).relu();
+            let inner = inner.to_vec_shallow();
+            let h: Tensor = ckpt::checkpoint(move |h: Tensor| run_mlp(&inner, &h), h);
+            last.forward(&h).relu()
+        },
+        x.shallow_clone(),
+    );
+    assert_all_equal("grads", &grads_of(&y.sum(Kind::Float), &ps), &want);
+}
+
+#[test]
+fn under_no_grad_it_just_runs_the_closure() {
+    let before = ckpt::live_segments();
+    let x = input(&[2, 2]);
+    let y: Tensor = tch::no_grad(|| ckpt::checkpoint(|x: Tensor| &x * 2.0, x.shallow_clone()));
+    assert!(!y.requires_grad());
+    assert!(y.equal(&(&x * 2.0).detach()));
+    assert!(ckpt::live_segments() <= before, "no node was created");
+}
+
+#[test]
+fn is_recomputing_is_true_only_in_backward() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (fwd, re) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (f2, r2) = (fwd.clone(), re.clone());
+    let x = input(&[2]);
+    assert!(!ckpt::is_recomputing());
+    let y: Tensor = ckpt::checkpoint(
+        move |x: Tensor| {
+            if ckpt::is_recomputing() { &r2 } else { &f2 }.fetch_add(1, Ordering::SeqCst);
+            x.sin()
+        },
+        x.shallow_clone(),
+    );
+    assert_eq!(
+        (fwd.load(Ordering::SeqCst), re.load(Ordering::SeqCst)),
+        (1, 0)
+    );
+    y.sum(Kind::Float).backward();
+    assert_eq!(
+        (fwd.load(Ordering::SeqCst), re.load(Ordering::SeqCst)),
+        (1, 1)
+    );
+    assert!(!ckpt::is_recomputing());
+    assert!(x.grad().equal(&x.cos().detach()));
+}
+
+/// `Tensor::run_backward` with respect to a checkpoint input works; gradients of
+/// captured parameters are not computed that way (undefined), as documented.
+#[test]
+fn run_backward_with_respect_to_inputs() {
+    tch::manual_seed(12);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let l = nn::linear(vs.root() / "l", 6, 6, Default::default());
+    let x = input(&[3, 6]);
+    let plain = l.forward(&x).tanh().sum(Kind::Float);
+    let want = Tensor::run_backward(&[&plain], &[&x], false, false);
+    let lc = l.shallow_clone();
+    let y: Tensor = ckpt::checkpoint(move |x: Tensor| lc.forward(&x).tanh(), x.shallow_clone());
+    let loss = y.sum(Kind::Float);
+    let got = Tensor::run_backward(&[&loss], &[&x], false, false);
+    assert!(got[0].equal(&want[0]));
+    assert!(
+        !l.ws.grad().defined(),
+        "run_backward must not accumulate into .grad"
+    );
+}
+
+/// Double backward (create_graph) differentiates through the recompute.
+#[test]
+fn double_backward() {
+    let x = input(&[5]);
+    let f = |x: &Tensor| x.pow_tensor_scalar(3).sum(Kind::Float);
+    let g_plain = Tensor::run_backward(&[&f(&x)], &[&x], true, true).remove(0);
+    let gg_plain =
+        Tensor::run_backward(&[&g_plain.sum(Kind::Float)], &[&x], false, false).remove(0);
+    let y: Tensor = ckpt::checkpoint(move |x: Tensor| f(&x), x.shallow_clone());
+    let g = Tensor::run_backward(&[&y], &[&x], true, true).remove(0);
+    assert!(g.equal(&g_plain));
+    assert!(g.requires_grad());
+    let gg = Tensor::run_backward(&[&g.sum(Kind::Float)], &[&x], false, false).remove(0);
+    assert!(gg.equal(&gg_plain), "d/dx sum(3x^2) = 6x");
+}
+
+/// A module with a train flag (`ModuleT`) and batch norm running statistics: the
+/// statistics update in forward and again in the recompute, as in PyTorch.
+#[test]
+fn module_t_with_train_flag() {
+    tch::manual_seed(13);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let bn = nn::batch_norm1d(vs.root() / "bn", 6, Default::default());
+    let x = input(&[5, 6]);
+    let ps = params(&vs);
+    let want = grads_of(&bn.forward_t(&x, true).square().sum(Kind::Float), &ps);
+    let bc = bn.shallow_clone();
+    let y: Tensor = ckpt::checkpoint(move |x: Tensor| bc.forward_t(&x, true), x.shallow_clone());
+    let got = grads_of(&y.square().sum(Kind::Float), &ps);
+    let trainable: Vec<Tensor> = ps
+        .iter()
+        .zip(&got)
+        .filter(|(p, _)| p.requires_grad())
+        .map(|(_, g)| g.shallow_clone())
+        .collect();
+    let want: Vec<Tensor> = ps
+        .iter()
+        .zip(&want)
+        .filter(|(p, _)| p.requires_grad())
+        .map(|(_, g)| g.shallow_clone())
+        .collect();
+    assert_all_equal("grads", &trainable, &want);
+}

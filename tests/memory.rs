@@ -1,0 +1,144 @@
+//! `ckpt::memory`: exact tensor bytes, and what checkpointing saves on a 16-layer MLP
+//! chain. Bytes are deterministic, so the ratios are asserted; the tests take a lock
+//! because the CPU counter is process-wide.
+
+use std::sync::{Mutex, MutexGuard};
+
+use ckpt::ShallowClone;
+use ckpt::memory::{self, PeakReport};
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One MLP layer, Linear then GELU (as in transformer feed-forward blocks): it keeps its
+/// input (for the weight gradient) and its pre-activation (for GELU's derivative).
+#[derive(Debug)]
+struct Layer(nn::Linear);
+
+impl ShallowClone for Layer {
+    fn shallow_clone(&self) -> Self {
+        Layer(self.0.shallow_clone())
+    }
+}
+
+impl Module for Layer {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        self.0.forward(xs).gelu("none")
+    }
+}
+
+const WIDTH: i64 = 256;
+const BATCH: i64 = 512;
+
+fn chain() -> (nn::VarStore, Vec<Layer>) {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let layers = (0..16)
+        .map(|i| Layer(nn::linear(vs.root() / i, WIDTH, WIDTH, Default::default())))
+        .collect();
+    (vs, layers)
+}
+
+/// Peak bytes of forward + backward above the pre-step baseline. The weights' `.grad`
+/// tensors exist before, so the step itself is measured.
+fn step_peak(vs: &nn::VarStore, layers: &[Layer], segments: Option<usize>) -> PeakReport {
+    let x = Tensor::randn([BATCH, WIDTH], (Kind::Float, Device::Cpu));
+    if !vs.trainable_variables()[0].grad().defined() {
+        // Allocate the .grad tensors once, outside the measured step.
+        layers
+            .iter()
+            .fold(x.shallow_clone(), |h, l| l.forward(&h))
+            .sum(Kind::Float)
+            .backward();
+    }
+    for v in vs.trainable_variables() {
+        let _ = v.grad().zero_();
+    }
+    let ((), report) = memory::measure(Device::Cpu, || {
+        let y = match segments {
+            None => layers.iter().fold(x.shallow_clone(), |h, l| l.forward(&h)),
+            Some(s) => ckpt::checkpoint_sequential(layers, s, &x),
+        };
+        y.sum(Kind::Float).backward();
+    });
+    report
+}
+
+#[test]
+fn sixteen_layer_chain_with_four_segments_needs_under_half_the_memory() {
+    let _g = serial();
+    let (vs, layers) = chain();
+    let plain = step_peak(&vs, &layers, None);
+    let ckpt4 = step_peak(&vs, &layers, Some(4));
+    let ratio = ckpt4.peak_above_baseline_bytes as f64 / plain.peak_above_baseline_bytes as f64;
+    eprintln!(
+        "16-layer MLP [{BATCH}x{WIDTH}]: plain peak {} B, 4 segments {} B, ratio {ratio:.3}",
+        plain.peak_above_baseline_bytes, ckpt4.peak_above_baseline_bytes
+    );
+    assert!(ratio < 0.5, "ratio {ratio:.3}");
+    // Activation memory of one layer: its [BATCH, WIDTH] float output.
+    let act = BATCH * WIDTH * 4;
+    assert!(
+        plain.peak_above_baseline_bytes >= 16 * act,
+        "plain keeps every layer's activation"
+    );
+    // Measurements repeat to the byte.
+    assert_eq!(step_peak(&vs, &layers, Some(4)), ckpt4);
+    // Nothing stays behind after the step.
+    assert_eq!(ckpt4.retained_bytes, 0);
+    assert_eq!(plain.retained_bytes, 0);
+}
+
+#[test]
+fn more_segments_less_memory_until_sqrt() {
+    let _g = serial();
+    let (vs, layers) = chain();
+    let peaks: Vec<i64> = [1usize, 2, 4]
+        .iter()
+        .map(|&s| step_peak(&vs, &layers, Some(s)).peak_above_baseline_bytes)
+        .collect();
+    assert!(peaks[0] > peaks[1] && peaks[1] > peaks[2], "{peaks:?}");
+}
+
+#[test]
+fn measure_counts_exact_bytes() {
+    let _g = serial();
+    let (t, r) = memory::measure(Device::Cpu, || {
+        let a = Tensor::zeros([1000], (Kind::Float, Device::Cpu)); // 4000 bytes
+        let b = Tensor::zeros([10, 10], (Kind::Double, Device::Cpu)); // 800 bytes
+        let c = a.exp(); // 4000 bytes
+        drop(b);
+        (a, c)
+    });
+    assert_eq!(r.peak_above_baseline_bytes, 8800);
+    assert_eq!(r.retained_bytes, 8000);
+    let before = memory::current_bytes(Device::Cpu);
+    drop(t);
+    assert_eq!(before - memory::current_bytes(Device::Cpu), 8000);
+    memory::reset_peak(Device::Cpu);
+    assert_eq!(
+        memory::peak_bytes(Device::Cpu),
+        memory::current_bytes(Device::Cpu)
+    );
+}
+
+#[test]
+fn cuda_statistics_without_cuda_are_an_error() {
+    let _g = serial();
+    if memory::cuda_available() {
+        return; // covered by the CUDA check script on a GPU machine
+    }
+    let err = memory::f_stats(Device::Cuda(0)).unwrap_err();
+    assert!(matches!(err, ckpt::CkptError::Cuda(_)), "{err:?}");
+    assert!(memory::f_reset_peak(Device::Cuda(0)).is_err());
+    assert!(memory::f_measure(Device::Cuda(0), || ()).is_err());
+    let err = memory::f_stats(Device::Mps).unwrap_err();
+    assert!(
+        matches!(err, ckpt::CkptError::InvalidArgument(_)),
+        "{err:?}"
+    );
+}
