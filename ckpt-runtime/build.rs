@@ -35,7 +35,7 @@ fn main() {
         .define("GLOG_USE_GLOG_EXPORT", None)
         .file("csrc/ckpt.cpp")
         .compile("ckpt_csrc");
-    // Dependents (the `ckpt` facade) read this as DEP_CKPT_LIBTORCH_LIB to set an rpath
+    // Dependents (the `ckpt` facade) read this as DEP_CKPT_RUNTIME_LIBTORCH_LIB to set an rpath
     // for their own binaries, tests and examples.
     println!("cargo:libtorch_lib={}", lib.display());
     // The loader needs libtorch's directory at run time: record it in this package's own

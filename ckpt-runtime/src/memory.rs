@@ -137,7 +137,7 @@ pub fn f_reset_peak(device: Device) -> Result<(), CkptError> {
 /// use tch::{Device, Kind, Tensor};
 /// let (_, report) = ckpt_runtime::memory::measure(Device::Cpu, || {
 ///     let a = Tensor::zeros([1024], (Kind::Float, Device::Cpu)); // 4096 bytes
-///     let b = &a + 1.0;                                          // 4096 more
+///     let b = a.exp();                                           // 4096 more
 ///     drop(a);
 ///     b
 /// });
