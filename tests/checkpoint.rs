@@ -416,3 +416,30 @@ fn module_t_with_train_flag() {
         .collect();
     assert_all_equal("grads", &trainable, &want);
 }
+
+/// Under CPU autocast (bfloat16) the forward's matmuls run in bfloat16; backward runs
+/// outside autocast, yet the recompute replays the forward's autocast state, so shapes,
+/// dtypes (checked) and gradients match the plain autocast run.
+#[test]
+fn recompute_replays_the_autocast_state() {
+    tch::manual_seed(14);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let l = nn::linear(vs.root() / "l", 16, 16, Default::default());
+    let x = input(&[4, 16]);
+    let mut ps = params(&vs);
+    ps.push(x.shallow_clone());
+    let plain = ckpt::amp::autocast(Device::Cpu, Kind::BFloat16, || l.forward(&x).relu());
+    assert_eq!(plain.kind(), Kind::BFloat16);
+    let want = grads_of(&plain.to_kind(Kind::Float).sum(Kind::Float), &ps);
+    let lc = l.shallow_clone();
+    let y: Tensor = ckpt::amp::autocast(Device::Cpu, Kind::BFloat16, || {
+        ckpt::checkpoint(move |x: Tensor| lc.forward(&x).relu(), x.shallow_clone())
+    });
+    assert_eq!(y.kind(), Kind::BFloat16);
+    let got = grads_of(&y.to_kind(Kind::Float).sum(Kind::Float), &ps);
+    assert_all_equal("grads", &got, &want);
+    assert!(
+        ckpt::amp::f_autocast(Device::Cpu, Kind::Float, || ()).is_err(),
+        "autocast to float32 is rejected"
+    );
+}

@@ -50,6 +50,17 @@ unsafe extern "C" {
     ) -> i32;
     fn ckpt_cuda_reset_peak(device: i32, err: *mut c_void, set_err: MsgFn) -> i32;
     fn ckpt_cuda_available() -> i32;
+    fn ckpt_autocast_set(
+        device_type: i32,
+        enabled: i32,
+        dtype: i32,
+        prev_enabled: *mut i32,
+        prev_dtype: *mut i32,
+        err: *mut c_void,
+        set_err: MsgFn,
+    ) -> i32;
+    fn ckpt_autocast_enter();
+    fn ckpt_autocast_exit();
 }
 
 /// A segment's closure with its types erased: flat input tensors in, flat output tensors
@@ -192,7 +203,7 @@ extern "C" fn set_error(ctx: *mut c_void, msg: *const u8, len: usize) {
     // SAFETY: C++ passes a valid (pointer, length) of its own string, alive for the call.
     let bytes = unsafe { std::slice::from_raw_parts(msg, len) };
     let text = String::from_utf8_lossy(bytes).into_owned();
-    // SAFETY: `ctx` is an `Outputs` or `Option<String>`-bearing `Outputs` on the caller's stack.
+    // SAFETY: `ctx` is an `Outputs` on the caller's stack, alive for the call.
     unsafe { (*(ctx as *mut Outputs)).error = Some(text) };
 }
 
@@ -314,4 +325,38 @@ pub(crate) fn cuda_reset_peak(device: usize) -> Result<(), String> {
     } else {
         Err(out.error.unwrap_or_default())
     }
+}
+
+/// Sets the autocast state of CPU (`cuda = false`) or CUDA; returns the previous
+/// `(enabled, dtype code)`.
+pub(crate) fn autocast_set(cuda: bool, enabled: bool, dtype: i32) -> Result<(bool, i32), String> {
+    let (mut prev_enabled, mut prev_dtype) = (0i32, 0i32);
+    let mut out = Outputs::default();
+    // SAFETY: the out-pointers and `out` are valid for the call; C++ catches exceptions.
+    let rc = unsafe {
+        ckpt_autocast_set(
+            cuda as i32,
+            enabled as i32,
+            dtype,
+            &mut prev_enabled,
+            &mut prev_dtype,
+            &mut out as *mut Outputs as *mut c_void,
+            set_error,
+        )
+    };
+    if rc == 0 {
+        Ok((prev_enabled != 0, prev_dtype))
+    } else {
+        Err(out.error.unwrap_or_default())
+    }
+}
+
+pub(crate) fn autocast_enter() {
+    // SAFETY: increments libtorch's thread-local autocast nesting count.
+    unsafe { ckpt_autocast_enter() }
+}
+
+pub(crate) fn autocast_exit() {
+    // SAFETY: decrements it, clearing the cast cache at zero.
+    unsafe { ckpt_autocast_exit() }
 }

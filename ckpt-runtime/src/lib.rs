@@ -9,8 +9,10 @@
 //! - [`Stash`]: what may enter and leave a segment; [`ShallowClone`]: how module state
 //!   enters it; [`Shared`] for modules that cannot be shallow-cloned.
 //! - [`memory`]: exact current and peak tensor bytes on CPU and CUDA.
+//! - [`amp`]: `torch.autocast` for CPU and CUDA (recomputes replay it).
 //! - [`CkptError`]: the error of every `f_` function.
 
+pub mod amp;
 mod checkpoint;
 mod error;
 mod ffi;
