@@ -3,7 +3,7 @@
 
 mod common;
 
-use ckpt::{Carry, CheckpointOptions, ShallowClone};
+use ckpt::{Carry, ShallowClone};
 use common::{assert_all_equal, grads_of, input, params};
 use tch::nn::{self, Module, ModuleT};
 use tch::{Device, Kind, Tensor};
@@ -142,66 +142,6 @@ fn vec_of_tensors_in_and_out() {
     assert_eq!(outs.len(), 3);
     let loss = Tensor::stack(&outs, 0).sum(Kind::Float);
     assert_all_equal("grads", &grads_of(&loss, &xs), &want);
-}
-
-/// Dropout inside a segment: with `preserve_rng_state` the recompute draws the same mask.
-#[test]
-fn dropout_inside_a_segment_matches_plain() {
-    let vs = nn::VarStore::new(Device::Cpu);
-    tch::manual_seed(5);
-    let l1 = nn::linear(vs.root() / "l1", 32, 64, Default::default());
-    let l2 = nn::linear(vs.root() / "l2", 64, 32, Default::default());
-    let x = input(&[8, 32]);
-    let ps = params(&vs);
-    let f = |l1: &nn::Linear, l2: &nn::Linear, x: &Tensor| {
-        l2.forward(&l1.forward(x).relu().dropout(0.5, true))
-            .dropout(0.3, true)
-    };
-
-    tch::manual_seed(99);
-    let plain = f(&l1, &l2, &x).sum(Kind::Float);
-    let want = grads_of(&plain, &ps);
-    let after_plain = Tensor::rand([4], (Kind::Float, Device::Cpu));
-
-    tch::manual_seed(99);
-    let (a, b) = (l1.shallow_clone(), l2.shallow_clone());
-    let y: Tensor = ckpt::checkpoint(move |x: Tensor| f(&a, &b, &x), x.shallow_clone());
-    let loss = y.sum(Kind::Float);
-    assert!(loss.equal(&plain), "same seed, same masks, same forward");
-    assert_all_equal("grads", &grads_of(&loss, &ps), &want);
-    // Fork semantics: backward restored the generator to where the forward left it.
-    let after_ckpt = Tensor::rand([4], (Kind::Float, Device::Cpu));
-    assert!(
-        after_ckpt.equal(&after_plain),
-        "the RNG stream after backward is unchanged"
-    );
-}
-
-/// Without `preserve_rng_state` the recompute draws fresh masks: gradients differ from
-/// the plain run (which shows the option does something).
-#[test]
-fn dropout_without_preserved_rng_state_differs() {
-    let vs = nn::VarStore::new(Device::Cpu);
-    tch::manual_seed(6);
-    let l = nn::linear(vs.root() / "l", 64, 64, Default::default());
-    let x = input(&[16, 64]);
-    let ps = params(&vs);
-    tch::manual_seed(7);
-    let plain = l.forward(&x).dropout(0.5, true).sum(Kind::Float);
-    let want = grads_of(&plain, &ps);
-    tch::manual_seed(7);
-    let lc = l.shallow_clone();
-    let opts = CheckpointOptions::new().preserve_rng_state(false);
-    let y: Tensor = ckpt::checkpoint_with(
-        &opts,
-        move |x: Tensor| lc.forward(&x).dropout(0.5, true),
-        x.shallow_clone(),
-    );
-    let got = grads_of(&y.sum(Kind::Float), &ps);
-    assert!(
-        !got[0].equal(&want[0]),
-        "fresh masks in recompute give different gradients"
-    );
 }
 
 /// Token ids (integers) and a frozen input: no input requires grad, yet the parameters

@@ -5,7 +5,7 @@ mod common;
 
 use ckpt::{CkptError, ShallowClone};
 use common::{assert_all_equal, grads_of, input, params};
-use tch::nn::{self, Module, ModuleT};
+use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 /// A block with its own non-linearity, so a chain of them is a deep MLP.
@@ -90,40 +90,4 @@ fn zero_segments_is_an_error() {
         std::panic::catch_unwind(|| ckpt::checkpoint_sequential(&blocks, 0, &x)).unwrap_err();
     let msg = panic.downcast_ref::<String>().unwrap();
     assert!(msg.contains("segments = 0"), "{msg}");
-}
-
-/// `ModuleT` chains get the train flag: dropout masks match the plain run (same seed).
-#[test]
-fn module_t_chain_with_dropout() {
-    #[derive(Debug)]
-    struct Drop(nn::Linear);
-    impl ShallowClone for Drop {
-        fn shallow_clone(&self) -> Self {
-            Drop(self.0.shallow_clone())
-        }
-    }
-    impl ModuleT for Drop {
-        fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
-            self.0.forward(xs).relu().dropout(0.25, train)
-        }
-    }
-    let vs = nn::VarStore::new(Device::Cpu);
-    tch::manual_seed(20);
-    let blocks: Vec<Drop> = (0..6)
-        .map(|i| Drop(nn::linear(vs.root() / i, 16, 16, Default::default())))
-        .collect();
-    let x = input(&[8, 16]);
-    let ps = params(&vs);
-    for train in [true, false] {
-        tch::manual_seed(21);
-        let plain = blocks
-            .iter()
-            .fold(x.shallow_clone(), |h, b| b.forward_t(&h, train))
-            .sum(Kind::Float);
-        let want = grads_of(&plain, &ps);
-        tch::manual_seed(21);
-        let loss = ckpt::checkpoint_sequential_t(&blocks, 3, &x, train).sum(Kind::Float);
-        assert!(loss.equal(&plain), "train = {train}");
-        assert_all_equal(&format!("train = {train}"), &grads_of(&loss, &ps), &want);
-    }
 }

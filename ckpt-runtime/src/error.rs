@@ -35,6 +35,21 @@ pub enum CkptError {
     /// CUDA was asked for but is not available, or its allocator statistics failed.
     #[error("CUDA: {0}")]
     Cuda(String),
+
+    /// No plan of the chain fits the memory budget (`ckpt::plan`): even the plan with the
+    /// least predicted peak needs `min_bytes`.
+    #[error(
+        "memory budget of {budget} ({budget_bytes} B) is too small: the smallest feasible peak of this chain is {min} ({min_bytes} B)",
+        budget = crate::plan::human_bytes(*.budget_bytes),
+        min = crate::plan::human_bytes(*.min_bytes)
+    )]
+    BudgetTooSmall {
+        /// The budget asked for, in bytes.
+        budget_bytes: u64,
+        /// The least predicted peak over all plans, in bytes: the smallest budget that
+        /// can be met.
+        min_bytes: u64,
+    },
 }
 
 impl From<tch::TchError> for CkptError {

@@ -10,6 +10,8 @@
 //!   enters it; [`Shared`] for modules that cannot be shallow-cloned.
 //! - [`memory`]: exact current and peak tensor bytes on CPU and CUDA.
 //! - [`amp`]: `torch.autocast` for CPU and CUDA (recomputes replay it).
+//! - [`plan`]: choose the cuts of a chain for a memory budget (profile, dynamic program,
+//!   [`checkpoint_sequential_plan`]).
 //! - [`CkptError`]: the error of every `f_` function.
 
 pub mod amp;
@@ -17,6 +19,7 @@ mod checkpoint;
 mod error;
 mod ffi;
 pub mod memory;
+pub mod plan;
 mod sequential;
 mod shallow;
 mod stash;
@@ -26,6 +29,10 @@ pub use checkpoint::{
     is_recomputing, live_segments,
 };
 pub use error::CkptError;
+pub use plan::{
+    checkpoint_sequential_plan, checkpoint_sequential_plan_t, f_checkpoint_sequential_plan,
+    f_checkpoint_sequential_plan_t,
+};
 pub use sequential::{
     checkpoint_sequential, checkpoint_sequential_t, f_checkpoint_sequential,
     f_checkpoint_sequential_t, sequential_segments,

@@ -76,7 +76,8 @@ pub fn f_checkpoint_sequential<M>(
 where
     M: Module + ShallowClone + 'static,
 {
-    run_chain(modules, segments, input, |m: &M, xs: &Tensor| m.forward(xs))
+    let ranges = sequential_segments(modules.len(), segments)?;
+    run_chain(modules, &ranges, input, |m: &M, xs: &Tensor| m.forward(xs))
 }
 
 /// [`checkpoint_sequential`] for [`ModuleT`] modules, which take the train flag
@@ -111,14 +112,19 @@ pub fn f_checkpoint_sequential_t<M>(
 where
     M: ModuleT + ShallowClone + 'static,
 {
-    run_chain(modules, segments, input, move |m: &M, xs: &Tensor| {
+    let ranges = sequential_segments(modules.len(), segments)?;
+    run_chain(modules, &ranges, input, move |m: &M, xs: &Tensor| {
         m.forward_t(xs, train)
     })
 }
 
-fn run_chain<M, G>(
+/// Runs `input` through `modules` grouped by `ranges` (contiguous, in order, covering
+/// `0..modules.len()`, at least one): every range but the last is a checkpointed
+/// segment, the last runs plainly. [`sequential_segments`] and the planner
+/// (`crate::plan`) make the ranges.
+pub(crate) fn run_chain<M, G>(
     modules: &[M],
-    segments: usize,
+    ranges: &[Range<usize>],
     input: &Tensor,
     step: G,
 ) -> Result<Tensor, CkptError>
@@ -126,7 +132,6 @@ where
     M: ShallowClone + Send + 'static,
     G: Fn(&M, &Tensor) -> Tensor + Copy + Send + 'static,
 {
-    let ranges = sequential_segments(modules.len(), segments)?;
     let (last, checkpointed) = ranges.split_last().expect("at least one group");
     let mut xs = input.shallow_clone();
     for (k, range) in checkpointed.iter().enumerate() {
@@ -147,6 +152,7 @@ where
     Ok(chain(&modules[last.clone()], xs, step))
 }
 
-fn chain<M, G: Fn(&M, &Tensor) -> Tensor>(modules: &[M], xs: Tensor, step: G) -> Tensor {
+/// Runs `xs` through `modules` one after the other.
+pub(crate) fn chain<M, G: Fn(&M, &Tensor) -> Tensor>(modules: &[M], xs: Tensor, step: G) -> Tensor {
     modules.iter().fold(xs, |xs, m| step(m, &xs))
 }

@@ -1,0 +1,198 @@
+//! [`Budget`]: a memory budget in bytes or as a fraction of the plain run's peak, and
+//! its parsing from strings such as `"512 MiB"`, `"1.5GiB"`, `"0.4"` or `"40%"`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::CkptError;
+
+/// A memory budget for the planner: the predicted peak (bytes above the baseline, see
+/// the [cost model](super)) must not exceed it.
+///
+/// Parsed from a string ([`str::parse`]):
+///
+/// - bytes with a unit: `"512 MiB"`, `"1.5GiB"`, `"64KiB"`, `"1000000 B"`; binary units
+///   `KiB`, `MiB`, `GiB`, `TiB` (and the short `K`, `M`, `G`, `T`, also binary), decimal
+///   units `kB`, `MB`, `GB`, `TB`, and `B` / `bytes`; case does not matter; fractional
+///   amounts are rounded down to whole bytes;
+/// - a fraction of the plain (unchecked) run's predicted peak: a bare number in `(0, 1]`
+///   (`"0.4"`) or a percentage in `(0, 100]` (`"40%"`).
+///
+/// ```
+/// use ckpt_runtime::plan::Budget;
+/// assert_eq!("512 MiB".parse::<Budget>().unwrap(), Budget::Bytes(512 << 20));
+/// assert_eq!("1.5GiB".parse::<Budget>().unwrap(), Budget::Bytes(3 << 29));
+/// assert_eq!("40%".parse::<Budget>().unwrap(), Budget::FractionOfPlain(0.4));
+/// assert_eq!("0.4".parse::<Budget>().unwrap(), Budget::FractionOfPlain(0.4));
+/// assert!("512".parse::<Budget>().is_err()); // bytes need a unit
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Budget {
+    /// At most this many bytes.
+    Bytes(u64),
+    /// At most this fraction of the plain run's predicted peak (positive; `1.0` is the
+    /// plain run itself). Rounded down to whole bytes.
+    FractionOfPlain(f64),
+}
+
+impl Budget {
+    /// The budget in bytes, for a chain whose plain run's predicted peak is
+    /// `plain_peak_bytes`.
+    ///
+    /// # Errors
+    ///
+    /// [`CkptError::InvalidArgument`] for a fraction that is not positive and finite.
+    pub fn bytes(&self, plain_peak_bytes: u64) -> Result<u64, CkptError> {
+        match *self {
+            Budget::Bytes(b) => Ok(b),
+            Budget::FractionOfPlain(f) if f.is_finite() && f > 0.0 => {
+                Ok((f * plain_peak_bytes as f64).floor() as u64)
+            }
+            Budget::FractionOfPlain(f) => Err(CkptError::InvalidArgument(format!(
+                "budget fraction {f}: it must be positive and finite"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Budget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Budget::Bytes(b) => write!(f, "{} ({b} B)", super::human_bytes(b)),
+            Budget::FractionOfPlain(x) => write!(f, "{}% of the plain run's peak", x * 100.0),
+        }
+    }
+}
+
+impl FromStr for Budget {
+    type Err = CkptError;
+
+    /// Parses `"512 MiB"`, `"1.5GiB"`, `"0.4"`, `"40%"` (see [`Budget`]).
+    ///
+    /// # Errors
+    ///
+    /// [`CkptError::InvalidArgument`] naming the problem: no number, an unknown unit, a
+    /// bare number outside `(0, 1]`, a percentage outside `(0, 100]`, or a byte count
+    /// past `u64::MAX`.
+    fn from_str(s: &str) -> Result<Self, CkptError> {
+        let bad = |why: &str| {
+            CkptError::InvalidArgument(format!(
+                "budget {s:?}: {why} (write bytes with a unit, \"512 MiB\", \"1.5GiB\", or a fraction of the plain run's peak, \"0.4\" or \"40%\")"
+            ))
+        };
+        let t = s.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let value: f64 = num.parse().map_err(|_| bad("no number"))?;
+        let unit = unit.trim();
+        if unit.is_empty() {
+            return if value > 0.0 && value <= 1.0 {
+                Ok(Budget::FractionOfPlain(value))
+            } else {
+                Err(bad(
+                    "a bare number is a fraction of the plain run's peak, in (0, 1]",
+                ))
+            };
+        }
+        if unit == "%" {
+            return if value > 0.0 && value <= 100.0 {
+                Ok(Budget::FractionOfPlain(value / 100.0))
+            } else {
+                Err(bad("a percentage must be in (0, 100]"))
+            };
+        }
+        let scale: f64 = match unit.to_ascii_lowercase().as_str() {
+            "b" | "byte" | "bytes" => 1.0,
+            "kib" | "k" => 1024.0,
+            "mib" | "m" => 1024f64.powi(2),
+            "gib" | "g" => 1024f64.powi(3),
+            "tib" | "t" => 1024f64.powi(4),
+            "kb" => 1e3,
+            "mb" => 1e6,
+            "gb" => 1e9,
+            "tb" => 1e12,
+            _ => return Err(bad(&format!("unknown unit {unit:?}"))),
+        };
+        let bytes = (value * scale).floor();
+        if bytes >= u64::MAX as f64 {
+            return Err(bad("more bytes than a u64 holds"));
+        }
+        Ok(Budget::Bytes(bytes as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Budget, CkptError> {
+        s.parse()
+    }
+
+    #[test]
+    fn bytes_with_units() {
+        assert_eq!(parse("512 MiB").unwrap(), Budget::Bytes(512 * 1024 * 1024));
+        assert_eq!(parse("1.5GiB").unwrap(), Budget::Bytes(1_610_612_736));
+        assert_eq!(parse(" 64 kib ").unwrap(), Budget::Bytes(65_536));
+        assert_eq!(parse("2G").unwrap(), Budget::Bytes(2 << 30));
+        assert_eq!(parse("3 MB").unwrap(), Budget::Bytes(3_000_000));
+        assert_eq!(parse("1.5 kB").unwrap(), Budget::Bytes(1_500));
+        assert_eq!(parse("1000 B").unwrap(), Budget::Bytes(1_000));
+        assert_eq!(parse("7 bytes").unwrap(), Budget::Bytes(7));
+        assert_eq!(parse("0.5 B").unwrap(), Budget::Bytes(0));
+        assert_eq!(parse("1 TiB").unwrap(), Budget::Bytes(1 << 40));
+    }
+
+    #[test]
+    fn fractions() {
+        assert_eq!(parse("0.4").unwrap(), Budget::FractionOfPlain(0.4));
+        assert_eq!(parse("1").unwrap(), Budget::FractionOfPlain(1.0));
+        assert_eq!(parse("40%").unwrap(), Budget::FractionOfPlain(0.4));
+        assert_eq!(parse("12.5 %").unwrap(), Budget::FractionOfPlain(0.125));
+        assert_eq!(parse("100%").unwrap(), Budget::FractionOfPlain(1.0));
+        assert_eq!(Budget::FractionOfPlain(0.25).bytes(1000).unwrap(), 250);
+        assert_eq!(Budget::FractionOfPlain(0.3333).bytes(3).unwrap(), 0);
+        assert_eq!(Budget::Bytes(77).bytes(1000).unwrap(), 77);
+    }
+
+    #[test]
+    fn rejects() {
+        for s in [
+            "",
+            "MiB",
+            "512",
+            "0",
+            "1.5",
+            "0%",
+            "150%",
+            "-1 MiB",
+            "12 parsecs",
+            "1..2 MiB",
+            "1e3 B",
+            "99999999999999999999999 TiB",
+        ] {
+            let e = parse(s).unwrap_err();
+            assert!(
+                matches!(&e, CkptError::InvalidArgument(m) if m.contains(&format!("{s:?}"))),
+                "{s:?}: {e}"
+            );
+        }
+        for f in [0.0, -0.5, f64::NAN, f64::INFINITY] {
+            assert!(matches!(
+                Budget::FractionOfPlain(f).bytes(100),
+                Err(CkptError::InvalidArgument(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn display() {
+        assert_eq!(Budget::Bytes(3 << 20).to_string(), "3.00 MiB (3145728 B)");
+        assert_eq!(
+            Budget::FractionOfPlain(0.4).to_string(),
+            "40% of the plain run's peak"
+        );
+    }
+}

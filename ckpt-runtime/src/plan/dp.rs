@@ -1,0 +1,535 @@
+//! The cost model's evaluation of a plan, phase by phase, and the dynamic programs that
+//! choose the cuts (see the [parent module](super) for the model and the proofs).
+
+use super::{ChainCost, Phase};
+use crate::CkptError;
+
+/// The predicted peak of `cuts` and the phase where it occurs, straight from the
+/// definition of the cost model (no shared code with the programs below, so that the
+/// property tests compare two independent computations). `cuts` must be valid and the
+/// profile checked.
+pub(super) fn evaluate(costs: &ChainCost, cuts: &[usize]) -> (u64, Phase) {
+    let st = &costs.stages;
+    let len = st.len();
+    let input = |i: usize| {
+        if i == len {
+            costs.output_bytes
+        } else {
+            st[i].input_bytes
+        }
+    };
+    let mut bounds = vec![0];
+    bounds.extend_from_slice(cuts);
+    bounds.push(len);
+    let k = bounds.len() - 1;
+    let mut stashes = 0u64;
+    let mut values = Vec::with_capacity(k);
+    for j in 0..k {
+        let (a, b) = (bounds[j], bounds[j + 1]);
+        let plain = j == k - 1;
+        if a > 0 {
+            stashes += input(a);
+        }
+        if !plain {
+            stashes += costs.checkpoint_bytes;
+        }
+        // The segment's own term: each stage's worst moment on top of the kept bytes of
+        // the stages before it, plus the held output gradient of a checkpointed segment.
+        let mut term = 0u64;
+        let mut kept = 0u64;
+        for (i, s) in st.iter().enumerate().take(b).skip(a) {
+            kept += s.kept_bytes;
+            let worst = if !plain && i == b - 1 {
+                s.forward_extra_bytes.max(s.backward_extra_bytes)
+            } else {
+                s.forward_extra_bytes
+                    .max(input(i + 1) + s.backward_extra_bytes)
+            };
+            term = term.max(kept + worst);
+        }
+        if !plain {
+            term += input(b);
+        }
+        values.push(stashes + term);
+    }
+    // The phases in time order: the plain segment, then the recomputes from the last
+    // checkpointed segment down; ties go to the earliest.
+    let mut peak = values[k - 1];
+    let mut phase = Phase::Plain;
+    for j in (0..k - 1).rev() {
+        if values[j] > peak {
+            peak = values[j];
+            phase = Phase::Recompute { segment: j };
+        }
+    }
+    (peak, phase)
+}
+
+/// Marks a suffix or prefix that has no valid plan.
+const INF: u64 = u64::MAX;
+
+/// The per-stage figures the programs use, as prefix sums and maxima.
+struct Tables {
+    len: usize,
+    /// `kept[i]` = kept bytes of stages `0..i` (length `len + 1`).
+    kept: Vec<u64>,
+    /// `input[i]` = `in_i`, with `input[len]` the output bytes (length `len + 1`).
+    input: Vec<u64>,
+    /// `e[i] = max(f_i, in_{i+1} + t_i)`.
+    e: Vec<u64>,
+    /// `ê[i] = max(f_i, t_i)`.
+    e_hat: Vec<u64>,
+    /// `w[a]` = `W(a)`, the plain segment `a..len`'s term (length `len`).
+    w: Vec<u64>,
+    checkpoint_bytes: u64,
+}
+
+impl Tables {
+    fn new(costs: &ChainCost) -> Self {
+        let st = &costs.stages;
+        let len = st.len();
+        let mut kept = Vec::with_capacity(len + 1);
+        kept.push(0);
+        for s in st {
+            kept.push(kept.last().copied().unwrap_or(0) + s.kept_bytes);
+        }
+        let mut input: Vec<u64> = st.iter().map(|s| s.input_bytes).collect();
+        input.push(costs.output_bytes);
+        let e: Vec<u64> = (0..len)
+            .map(|i| {
+                st[i]
+                    .forward_extra_bytes
+                    .max(input[i + 1] + st[i].backward_extra_bytes)
+            })
+            .collect();
+        let e_hat = st
+            .iter()
+            .map(|s| s.forward_extra_bytes.max(s.backward_extra_bytes))
+            .collect();
+        // W(a) = max_{a <= i < len} (kept[i+1] + e_i) - kept[a], by a suffix maximum.
+        let mut w = vec![0; len];
+        let mut m = 0;
+        for a in (0..len).rev() {
+            m = m.max(kept[a + 1] + e[a]);
+            w[a] = m - kept[a];
+        }
+        Tables {
+            len,
+            kept,
+            input,
+            e,
+            e_hat,
+            w,
+            checkpoint_bytes: costs.checkpoint_bytes,
+        }
+    }
+
+    /// The stash of a plain segment starting at `a` (`x_0` is in the baseline).
+    fn stash_plain(&self, a: usize) -> u64 {
+        if a == 0 { 0 } else { self.input[a] }
+    }
+
+    /// The stash of a checkpointed segment starting at `a`, with the RNG state copy.
+    fn stash_ckpt(&self, a: usize) -> u64 {
+        self.stash_plain(a) + self.checkpoint_bytes
+    }
+
+    /// Calls `f(b, in_b + U(a, b))` for every checkpointed segment `a..b` (`a < b < len`),
+    /// in increasing `b`, keeping `U` up to date in O(1) per step.
+    fn for_each_segment(&self, a: usize, mut f: impl FnMut(usize, u64)) {
+        // `m` = max_{a <= i < b-1} (kept[i+1] + e_i), absolute; `kept[a]` is neutral since
+        // every candidate is at least `kept[a]`.
+        let mut m = self.kept[a];
+        for b in a + 1..self.len {
+            let last = self.kept[b] + self.e_hat[b - 1];
+            f(b, self.input[b] + m.max(last) - self.kept[a]);
+            m = m.max(self.kept[b] + self.e[b - 1]);
+        }
+    }
+
+    /// `G` restricted to plans whose plain segment starts where `plain_ok` says: the least
+    /// peak of each suffix (`INF` if none) and the first segment's end that achieves it
+    /// (`len` for "the rest is plain").
+    fn least_peak(&self, plain_ok: impl Fn(usize) -> bool) -> (Vec<u64>, Vec<usize>) {
+        let len = self.len;
+        let mut g = vec![INF; len + 1];
+        let mut next = vec![len; len];
+        for a in (0..len).rev() {
+            let mut best = INF;
+            let mut choice = len;
+            if plain_ok(a) {
+                best = self.stash_plain(a) + self.w[a];
+            }
+            let stash = self.stash_ckpt(a);
+            self.for_each_segment(a, |b, seg| {
+                if g[b] != INF {
+                    let c = stash + seg.max(g[b]);
+                    if c < best {
+                        best = c;
+                        choice = b;
+                    }
+                }
+            });
+            g[a] = best;
+            next[a] = choice;
+        }
+        (g, next)
+    }
+
+    /// `E`: for each boundary `b < len`, the least stash sum of a cut set of `0..b` whose
+    /// phases all fit in `budget` (`INF` if none).
+    fn least_stash(&self, budget: u64) -> Vec<u64> {
+        let mut e = vec![INF; self.len];
+        if self.len == 0 {
+            return e;
+        }
+        e[0] = 0;
+        for a in 0..self.len {
+            if e[a] == INF {
+                continue;
+            }
+            let base = e[a] + self.stash_ckpt(a);
+            if base > budget {
+                continue;
+            }
+            self.for_each_segment(a, |b, seg| {
+                if base + seg <= budget && base < e[b] {
+                    e[b] = base;
+                }
+            });
+        }
+        e
+    }
+}
+
+/// The cuts for the least extra time within `budget` bytes, or (`None`) for the least
+/// peak; ties broken by the other objective. The profile must be checked.
+pub(super) fn plan(costs: &ChainCost, budget: Option<u64>) -> Result<Vec<usize>, CkptError> {
+    let len = costs.len();
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let t = Tables::new(costs);
+    let (g, _) = t.least_peak(|_| true);
+    let least = g[0];
+    let budget = match budget {
+        None => least,
+        Some(b) if b < least => {
+            return Err(CkptError::BudgetTooSmall {
+                budget_bytes: b,
+                min_bytes: least,
+            });
+        }
+        Some(b) => b,
+    };
+    let e = t.least_stash(budget);
+    let time = costs.time_prefix();
+    let fastest = (0..len)
+        .filter(|&p| e[p] != INF && e[p] + t.stash_plain(p) + t.w[p] <= budget)
+        .map(|p| time[p])
+        .fold(f64::INFINITY, f64::min);
+    debug_assert!(fastest.is_finite(), "G(0) <= budget, so some plan fits");
+    let (g, next) = t.least_peak(|p| time[p] == fastest);
+    debug_assert!(g[0] <= budget);
+    let mut cuts = Vec::new();
+    let mut a = 0;
+    while next[a] != len {
+        a = next[a];
+        cuts.push(a);
+    }
+    Ok(cuts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Budget, ChainCost, Objective, StageCost};
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Every cut set of `0..len`, as (peak, extra seconds).
+    fn all_plans(costs: &ChainCost) -> Vec<(Vec<usize>, u64, f64)> {
+        let len = costs.len();
+        let inner = len.saturating_sub(1);
+        (0u32..1 << inner)
+            .map(|mask| {
+                let cuts: Vec<usize> = (1..len).filter(|c| mask & (1 << (c - 1)) != 0).collect();
+                let p = costs.evaluate(&cuts).unwrap();
+                (cuts, p.predicted_peak_bytes(), p.predicted_extra_seconds())
+            })
+            .collect()
+    }
+
+    fn stage() -> impl Strategy<Value = StageCost> {
+        (
+            0u64..1000,
+            0u64..1000,
+            0u64..300,
+            0u64..300,
+            prop_oneof![Just(0.0), 0.0f64..10.0],
+        )
+            .prop_map(|(i, k, f, b, s)| StageCost {
+                input_bytes: i,
+                kept_bytes: k,
+                forward_extra_bytes: f,
+                backward_extra_bytes: b,
+                forward_seconds: s,
+            })
+    }
+
+    fn chain() -> impl Strategy<Value = ChainCost> {
+        (prop::collection::vec(stage(), 0..=14), 0u64..1000, 0u64..50).prop_map(
+            |(stages, output_bytes, checkpoint_bytes)| ChainCost {
+                stages,
+                output_bytes,
+                checkpoint_bytes,
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        /// Least peak, then least time among those: equals exhaustive search.
+        #[test]
+        fn min_peak_equals_exhaustive(costs in chain()) {
+            let plan = costs.plan(&Objective::MinPeak).unwrap();
+            let all = all_plans(&costs);
+            let best_peak = all.iter().map(|p| p.1).min().unwrap();
+            let best_time = all
+                .iter()
+                .filter(|p| p.1 == best_peak)
+                .map(|p| p.2)
+                .fold(f64::INFINITY, f64::min);
+            prop_assert_eq!(plan.predicted_peak_bytes(), best_peak);
+            prop_assert_eq!(plan.predicted_extra_seconds(), best_time);
+        }
+
+        /// Least time within a budget, then least peak among those: equals exhaustive
+        /// search; a budget below the least peak is an error stating the least peak.
+        #[test]
+        fn budget_equals_exhaustive(costs in chain(), sel in 0u64..1200) {
+            let all = all_plans(&costs);
+            let least = all.iter().map(|p| p.1).min().unwrap();
+            let plain = all[0].1;
+            // Below the least peak (infeasible unless `sel` = 0), or between it and a
+            // tenth above the plain run's.
+            let budget = if sel < 100 {
+                least.saturating_sub(sel)
+            } else {
+                least + (plain - least) * (sel - 100) / 1000
+            };
+            let fits: Vec<_> = all.iter().filter(|p| p.1 <= budget).collect();
+            match costs.plan(&Objective::Budget(Budget::Bytes(budget))) {
+                Ok(plan) => {
+                    let best_time = fits.iter().map(|p| p.2).fold(f64::INFINITY, f64::min);
+                    let best_peak = fits.iter().filter(|p| p.2 == best_time).map(|p| p.1).min().unwrap();
+                    prop_assert_eq!(plan.predicted_extra_seconds(), best_time);
+                    prop_assert_eq!(plan.predicted_peak_bytes(), best_peak);
+                    prop_assert!(plan.predicted_peak_bytes() <= budget);
+                    prop_assert_eq!(plan.budget_bytes(), Some(budget));
+                }
+                Err(CkptError::BudgetTooSmall { budget_bytes, min_bytes }) => {
+                    prop_assert!(fits.is_empty());
+                    prop_assert_eq!(budget_bytes, budget);
+                    prop_assert_eq!(min_bytes, least);
+                }
+                Err(e) => prop_assert!(false, "unexpected error {e}"),
+            }
+        }
+    }
+
+    /// A uniform chain: the stage `x + relu(linear(x))` of `tests/plan.rs`, in units of
+    /// one activation (input 1, kept 2, forward temporaries 1, backward 1).
+    fn residual_chain(len: usize) -> ChainCost {
+        ChainCost::uniform(
+            len,
+            StageCost {
+                input_bytes: 1,
+                kept_bytes: 2,
+                forward_extra_bytes: 1,
+                backward_extra_bytes: 1,
+                forward_seconds: 1.0,
+            },
+        )
+    }
+
+    #[test]
+    fn uniform_chain_gets_about_sqrt_len_segments() {
+        let costs = residual_chain(64);
+        let plan = costs.plan_min_peak().unwrap();
+        // Plain: 64 stages kept (128) + the last stage's incoming gradient and
+        // backward temporaries (2).
+        assert_eq!(plan.plain_peak_bytes(), 130);
+        // Segments shrink by one stage every two, as later segments are recomputed
+        // on top of more stashes: 8, 7, 7, 6, 6, .. , 2, 2, 1 and the plain 1.
+        assert_eq!(
+            plan.cuts(),
+            [8, 15, 22, 28, 34, 39, 44, 48, 52, 55, 58, 60, 62, 63]
+        );
+        assert_eq!(plan.predicted_peak_bytes(), 18);
+        assert_eq!(plan.segments(), 15); // about sqrt(4 * 64) = 16
+        // Every equal split (`segments = n`, PyTorch's grouping: the last group takes the
+        // rest) is worse; the best are n = 8 (7 stashes + 8 stages kept twice + 2) and
+        // n = 16.
+        let best_equal = (1..=64)
+            .map(|n| {
+                let r = crate::sequential_segments(64, n).unwrap();
+                let cuts: Vec<usize> = r[1..].iter().map(|r| r.start).collect();
+                costs.evaluate(&cuts).unwrap().predicted_peak_bytes()
+            })
+            .min()
+            .unwrap();
+        assert_eq!(best_equal, 25);
+        // Within a budget, the least recompute: 30 bytes let the plain segment start at
+        // stage 52 (its 12 stages, 26 bytes with the last one's backward, are not
+        // recomputed).
+        let plan = costs.plan_within(Budget::Bytes(30)).unwrap();
+        assert_eq!(plan.recomputed_stages(), 52);
+        assert_eq!(plan.predicted_extra_seconds(), 52.0);
+        assert!(plan.predicted_peak_bytes() <= 30);
+    }
+
+    #[test]
+    fn impossible_budget_states_the_least_peak() {
+        let costs = residual_chain(64);
+        let err = costs.plan_within(Budget::Bytes(17)).unwrap_err();
+        assert_eq!(
+            err,
+            CkptError::BudgetTooSmall {
+                budget_bytes: 17,
+                min_bytes: 18
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "memory budget of 17 B (17 B) is too small: the smallest feasible peak of this chain is 18 B (18 B)"
+        );
+        // 13.8 % of the plain 130 bytes is 17 bytes (rounded down).
+        assert!(matches!(
+            costs.plan_within(Budget::FractionOfPlain(0.138)),
+            Err(CkptError::BudgetTooSmall {
+                budget_bytes: 17,
+                min_bytes: 18
+            })
+        ));
+        assert!(costs.plan_within(Budget::FractionOfPlain(0.139)).is_ok());
+    }
+
+    #[test]
+    fn empty_and_single_stage_chains() {
+        let plan = residual_chain(0).plan_min_peak().unwrap();
+        assert_eq!((plan.cuts(), plan.predicted_peak_bytes()), (&[][..], 0));
+        assert_eq!(plan.ranges(), vec![0..0]);
+        let plan = residual_chain(1).plan_min_peak().unwrap();
+        assert_eq!((plan.cuts(), plan.predicted_peak_bytes()), (&[][..], 4));
+    }
+
+    #[test]
+    fn evaluate_rejects_bad_cuts_and_profiles() {
+        let costs = residual_chain(4);
+        for cuts in [&[0][..], &[2, 2], &[3, 1], &[4]] {
+            assert!(matches!(
+                costs.evaluate(cuts),
+                Err(CkptError::InvalidArgument(_))
+            ));
+        }
+        let mut bad = costs.clone();
+        bad.stages[1].forward_seconds = f64::NAN;
+        assert!(matches!(
+            bad.plan_min_peak(),
+            Err(CkptError::InvalidArgument(_))
+        ));
+        let mut huge = costs;
+        huge.stages[0].kept_bytes = u64::MAX;
+        assert!(matches!(
+            huge.plan_min_peak(),
+            Err(CkptError::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn explain_prints_the_plan() {
+        let mut plan = residual_chain(8).plan_within(Budget::Bytes(12)).unwrap();
+        plan.set_measured_peak_bytes(11);
+        assert_eq!(
+            plan.explain(),
+            "plan for 8 stages: 2 segments (1 checkpointed, the last plain)
+  cuts: [4]
+  segments: 0..4 | 4..8
+  predicted peak: 11 B (11 B), during the forward and backward of the plain segment
+  plain run, predicted: 18 B (61.1 % of it)
+  budget: 12 B (12 B)
+  predicted extra time: 4.000 s (recompute of 4 stages)
+  measured peak: 11 B (11 B) (+0.0 % vs predicted)"
+        );
+    }
+
+    #[test]
+    fn peak_phase_is_reported() {
+        let costs = residual_chain(8);
+        // Stages 0..6 recomputed on top of their held output gradient: 6 * 2 + 1 + 1.
+        let plan = costs.evaluate(&[6]).unwrap();
+        assert_eq!(plan.peak_phase(), Phase::Recompute { segment: 0 });
+        assert_eq!(plan.predicted_peak_bytes(), 14);
+        assert!(
+            plan.explain()
+                .contains("14 B (14 B), during the recompute of segment 0 (stages 0..6)")
+        );
+        let plan = costs.evaluate(&[2]).unwrap();
+        assert_eq!(plan.peak_phase(), Phase::Plain);
+        assert_eq!(plan.predicted_peak_bytes(), 1 + 6 * 2 + 2);
+    }
+
+    /// The planner's own run time on 1,000-stage chains (a benchmark: run with
+    /// `cargo test -p ckpt-runtime --release --lib plan_1000_stages -- --ignored --nocapture`).
+    #[test]
+    #[ignore = "benchmark; prints timings"]
+    fn plan_1000_stages() {
+        use std::time::Instant;
+        let uniform = residual_chain(1000);
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |m: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % m
+        };
+        let random = ChainCost {
+            stages: (0..1000)
+                .map(|_| StageCost {
+                    input_bytes: 1 + next(1 << 20),
+                    kept_bytes: next(4 << 20),
+                    forward_extra_bytes: next(1 << 20),
+                    backward_extra_bytes: next(2 << 20),
+                    forward_seconds: next(1000) as f64 * 1e-6,
+                })
+                .collect(),
+            output_bytes: 1 << 20,
+            checkpoint_bytes: 5056,
+        };
+        for (name, costs) in [("uniform", &uniform), ("random", &random)] {
+            for (label, objective) in [
+                ("min peak", Objective::MinPeak),
+                (
+                    "budget 30%",
+                    Objective::Budget(Budget::FractionOfPlain(0.3)),
+                ),
+            ] {
+                let runs = 20;
+                let start = Instant::now();
+                let mut plan = None;
+                for _ in 0..runs {
+                    plan = Some(costs.plan(&objective).unwrap());
+                }
+                let each = start.elapsed().as_secs_f64() / f64::from(runs);
+                let plan = plan.unwrap();
+                println!(
+                    "1000-stage {name} chain, {label}: {:.3} ms per plan, {} segments, peak {:.1} % of plain",
+                    each * 1e3,
+                    plan.segments(),
+                    100.0 * plan.predicted_peak_bytes() as f64 / plan.plain_peak_bytes() as f64
+                );
+            }
+        }
+    }
+}

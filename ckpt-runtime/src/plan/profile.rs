@@ -1,0 +1,451 @@
+//! Profiling a chain of modules for the planner, running it with a [`Plan`], and
+//! [`SequentialPlanner`], which does both with a plan cached per input shape.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use tch::nn::{Module, ModuleT};
+use tch::{Device, Kind, Tensor};
+
+use super::{ChainCost, Objective, Plan, StageCost};
+use crate::checkpoint::{self, CheckpointOptions};
+use crate::memory;
+use crate::sequential::{chain, run_chain};
+use crate::{CkptError, ShallowClone};
+
+/// Measures the [`ChainCost`] of running `input` through `modules` in order: one
+/// profiling step per stage, exact bytes from [`memory`] on `input`'s device.
+///
+/// Per stage `i`, on the stage's input `x_i` detached from everything before it (so that
+/// nothing upstream is counted) and set to require grad:
+///
+/// 1. a no-grad warm-up run (first-call allocations such as the cuBLAS workspace, and
+///    lazy initialisation, must not count as the stage's);
+/// 2. a forward with grad inside [`memory::measure`]: `kept_bytes` is what it retained
+///    (the output and the tensors saved for backward), `forward_extra_bytes` its peak
+///    above that, `forward_seconds` its wall time (CUDA synchronised);
+/// 3. a backward of that output with a gradient of ones, for the input only
+///    (`Tensor::run_backward(&[y], &[x_i], ..)`, so no parameter's `.grad` changes):
+///    `backward_extra_bytes` is its peak above the kept bytes and the incoming gradient.
+///    Parameter-gradient temporaries are therefore not seen; stages whose output does not
+///    require grad get 0.
+///
+/// `input_bytes` is `x_i`'s size (`numel × element size`), `output_bytes` the final
+/// output's, and `checkpoint_bytes` is measured on a one-element probe segment (the RNG
+/// state copy that [`checkpoint`](crate::checkpoint) keeps). The profile costs about two
+/// forwards and one backward of the chain, one stage at a time, so its own peak is about
+/// one stage's.
+///
+/// Side effects: it resets the device's peak counter ([`memory::reset_peak`]), and
+/// random ops in the modules (dropout) draw from the global generators, as any extra
+/// forward would.
+///
+/// # Panics
+///
+/// When [`f_profile_sequential`] returns an error, or a module panics.
+pub fn profile_sequential<M: Module>(modules: &[M], input: &Tensor) -> ChainCost {
+    f_profile_sequential(modules, input).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The fallible twin of [`profile_sequential`].
+///
+/// # Errors
+///
+/// As [`memory::f_stats`] for `input`'s device (CPU and CUDA are supported);
+/// [`CkptError::Torch`] when libtorch fails in the probe segment.
+pub fn f_profile_sequential<M: Module>(
+    modules: &[M],
+    input: &Tensor,
+) -> Result<ChainCost, CkptError> {
+    profile(modules, input, |m: &M, xs: &Tensor| m.forward(xs))
+}
+
+/// [`profile_sequential`] for [`ModuleT`] modules, with the train flag.
+///
+/// # Panics
+///
+/// When [`f_profile_sequential_t`] returns an error, or a module panics.
+pub fn profile_sequential_t<M: ModuleT>(modules: &[M], input: &Tensor, train: bool) -> ChainCost {
+    f_profile_sequential_t(modules, input, train).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The fallible twin of [`profile_sequential_t`].
+///
+/// # Errors
+///
+/// As [`f_profile_sequential`].
+pub fn f_profile_sequential_t<M: ModuleT>(
+    modules: &[M],
+    input: &Tensor,
+    train: bool,
+) -> Result<ChainCost, CkptError> {
+    profile(modules, input, move |m: &M, xs: &Tensor| {
+        m.forward_t(xs, train)
+    })
+}
+
+fn nbytes(t: &Tensor) -> u64 {
+    if !t.defined() {
+        return 0;
+    }
+    (t.numel() * t.kind().elt_size_in_bytes()) as u64
+}
+
+fn differentiable(t: &Tensor) -> bool {
+    t.defined()
+        && matches!(
+            t.kind(),
+            Kind::Half
+                | Kind::Float
+                | Kind::Double
+                | Kind::BFloat16
+                | Kind::ComplexHalf
+                | Kind::ComplexFloat
+                | Kind::ComplexDouble
+        )
+}
+
+fn sync(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+fn non_negative(bytes: i64) -> u64 {
+    u64::try_from(bytes).unwrap_or(0)
+}
+
+fn profile<M, G>(modules: &[M], input: &Tensor, step: G) -> Result<ChainCost, CkptError>
+where
+    G: Fn(&M, &Tensor) -> Tensor,
+{
+    let device = input.device();
+    memory::f_stats(device)?;
+    tch::with_grad(|| {
+        let mut stages = Vec::with_capacity(modules.len());
+        let mut x = input.detach();
+        for m in modules {
+            drop(tch::no_grad(|| step(m, &x)));
+            let xd = if differentiable(&x) {
+                x.detach().set_requires_grad(true)
+            } else {
+                x.detach()
+            };
+            sync(device);
+            let ((y, elapsed), fwd) = memory::f_measure(device, || {
+                let start = Instant::now();
+                let y = step(m, &xd);
+                sync(device);
+                (y, start.elapsed())
+            })?;
+            let kept = non_negative(fwd.retained_bytes);
+            let forward_extra = non_negative(fwd.peak_above_baseline_bytes - fwd.retained_bytes);
+            let mut backward_extra = 0;
+            if xd.requires_grad() && y.requires_grad() && differentiable(&y) {
+                let (grads, bwd) = memory::f_measure(device, || {
+                    Tensor::f_run_backward(&[&y], &[&xd], false, false)
+                })?;
+                if grads.is_ok() {
+                    backward_extra =
+                        non_negative(bwd.peak_above_baseline_bytes).saturating_sub(nbytes(&y));
+                }
+            }
+            stages.push(StageCost {
+                input_bytes: nbytes(&x),
+                kept_bytes: kept,
+                forward_extra_bytes: forward_extra,
+                backward_extra_bytes: backward_extra,
+                forward_seconds: seconds(elapsed),
+            });
+            x = y.detach();
+        }
+        Ok(ChainCost {
+            output_bytes: nbytes(&x),
+            checkpoint_bytes: probe_checkpoint_bytes(device)?,
+            stages,
+        })
+    })
+}
+
+fn seconds(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// What a checkpointed segment keeps besides its stash: the retained bytes of a
+/// one-element segment minus those of the same computation run plainly.
+fn probe_checkpoint_bytes(device: Device) -> Result<u64, CkptError> {
+    let probe = Tensor::zeros([1], (Kind::Float, device));
+    let (plain, r_plain) = memory::f_measure(device, || &probe + 1.0)?;
+    let (ckpt, r_ckpt) = memory::f_measure(device, || {
+        checkpoint::run(
+            &CheckpointOptions::new(),
+            "ckpt::plan profiling probe".into(),
+            |x: Tensor| &x + 1.0,
+            probe.shallow_clone(),
+        )
+    })?;
+    let ckpt: Tensor = ckpt?;
+    let bytes = non_negative(r_ckpt.retained_bytes - r_plain.retained_bytes);
+    drop((plain, ckpt));
+    Ok(bytes)
+}
+
+fn check_len(modules: usize, plan: &Plan) -> Result<(), CkptError> {
+    if modules != plan.len() {
+        return Err(CkptError::InvalidArgument(format!(
+            "the plan is for a chain of {} stages, but {modules} modules were given",
+            plan.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Runs `input` through `modules` in order, cut as `plan` says: every segment but the
+/// last is checkpointed, the last runs plainly. This is
+/// [`checkpoint_sequential`](crate::checkpoint_sequential) with arbitrary cut points
+/// (a [`Plan`] from [`ChainCost::plan`], or any cuts through [`ChainCost::evaluate`]).
+///
+/// # Panics
+///
+/// When [`f_checkpoint_sequential_plan`] returns an error.
+pub fn checkpoint_sequential_plan<M>(modules: &[M], plan: &Plan, input: &Tensor) -> Tensor
+where
+    M: Module + ShallowClone + 'static,
+{
+    f_checkpoint_sequential_plan(modules, plan, input).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The fallible twin of [`checkpoint_sequential_plan`].
+///
+/// # Errors
+///
+/// [`CkptError::InvalidArgument`] when the plan is for a chain of another length; as
+/// [`crate::f_checkpoint`] for a failing module.
+pub fn f_checkpoint_sequential_plan<M>(
+    modules: &[M],
+    plan: &Plan,
+    input: &Tensor,
+) -> Result<Tensor, CkptError>
+where
+    M: Module + ShallowClone + 'static,
+{
+    check_len(modules.len(), plan)?;
+    run_chain(modules, &plan.ranges(), input, |m: &M, xs: &Tensor| {
+        m.forward(xs)
+    })
+}
+
+/// [`checkpoint_sequential_plan`] for [`ModuleT`] modules, with the train flag.
+///
+/// # Panics
+///
+/// When [`f_checkpoint_sequential_plan_t`] returns an error.
+pub fn checkpoint_sequential_plan_t<M>(
+    modules: &[M],
+    plan: &Plan,
+    input: &Tensor,
+    train: bool,
+) -> Tensor
+where
+    M: ModuleT + ShallowClone + 'static,
+{
+    f_checkpoint_sequential_plan_t(modules, plan, input, train).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The fallible twin of [`checkpoint_sequential_plan_t`].
+///
+/// # Errors
+///
+/// As [`f_checkpoint_sequential_plan`].
+pub fn f_checkpoint_sequential_plan_t<M>(
+    modules: &[M],
+    plan: &Plan,
+    input: &Tensor,
+    train: bool,
+) -> Result<Tensor, CkptError>
+where
+    M: ModuleT + ShallowClone + 'static,
+{
+    check_len(modules.len(), plan)?;
+    run_chain(modules, &plan.ranges(), input, move |m: &M, xs: &Tensor| {
+        m.forward_t(xs, train)
+    })
+}
+
+/// The key of a cached plan: what the profile depends on besides the modules.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct InputKey {
+    size: Vec<i64>,
+    kind: Kind,
+    device: Device,
+    train: Option<bool>,
+}
+
+impl InputKey {
+    fn new(input: &Tensor, train: Option<bool>) -> Self {
+        InputKey {
+            size: input.size(),
+            kind: input.kind(),
+            device: input.device(),
+            train,
+        }
+    }
+}
+
+/// `checkpoint_sequential` with the cuts chosen for you: on the first call for an input
+/// shape (size, dtype, device, train flag) it profiles the chain
+/// ([`profile_sequential`]), plans for its [`Objective`] ([`ChainCost::plan`]) and
+/// caches the plan; every call runs the chain with the cached plan
+/// ([`checkpoint_sequential_plan`]).
+///
+/// One planner belongs to one chain of modules: the cache is keyed by the input alone.
+///
+/// ```no_run
+/// use ckpt_runtime::plan::{Budget, Objective, SequentialPlanner};
+/// # fn f(layers: &[tch::nn::Linear], xs: &tch::Tensor) {
+/// let mut planner = SequentialPlanner::new(Objective::Budget("40%".parse().unwrap()));
+/// let ys = planner.forward(layers, xs); // profiles and plans on the first call
+/// println!("{}", planner.plan_for(xs, None).unwrap());
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SequentialPlanner {
+    objective: Objective,
+    plans: HashMap<InputKey, Plan>,
+}
+
+impl SequentialPlanner {
+    /// A planner with an empty cache.
+    pub fn new(objective: Objective) -> Self {
+        SequentialPlanner {
+            objective,
+            plans: HashMap::new(),
+        }
+    }
+
+    /// What the planner optimises.
+    pub fn objective(&self) -> Objective {
+        self.objective
+    }
+
+    /// The cached plan for inputs like `input` (`train`: `None` for [`Module`] chains,
+    /// the flag for [`ModuleT`] ones), if that shape was planned.
+    pub fn plan_for(&self, input: &Tensor, train: Option<bool>) -> Option<&Plan> {
+        self.plans.get(&InputKey::new(input, train))
+    }
+
+    /// Forgets every cached plan.
+    pub fn clear(&mut self) {
+        self.plans.clear();
+    }
+
+    /// The plan for `input`: the cached one, or a new one from a profile of `modules`.
+    ///
+    /// # Errors
+    ///
+    /// As [`f_profile_sequential`] and [`ChainCost::plan`] (notably
+    /// [`CkptError::BudgetTooSmall`]).
+    pub fn f_plan<M: Module>(&mut self, modules: &[M], input: &Tensor) -> Result<&Plan, CkptError> {
+        let objective = self.objective;
+        self.plan_with(InputKey::new(input, None), || {
+            f_profile_sequential(modules, input)?.plan(&objective)
+        })
+    }
+
+    /// [`SequentialPlanner::f_plan`] for [`ModuleT`] modules.
+    ///
+    /// # Errors
+    ///
+    /// As [`SequentialPlanner::f_plan`].
+    pub fn f_plan_t<M: ModuleT>(
+        &mut self,
+        modules: &[M],
+        input: &Tensor,
+        train: bool,
+    ) -> Result<&Plan, CkptError> {
+        let objective = self.objective;
+        self.plan_with(InputKey::new(input, Some(train)), || {
+            f_profile_sequential_t(modules, input, train)?.plan(&objective)
+        })
+    }
+
+    fn plan_with(
+        &mut self,
+        key: InputKey,
+        make: impl FnOnce() -> Result<Plan, CkptError>,
+    ) -> Result<&Plan, CkptError> {
+        use std::collections::hash_map::Entry;
+        match self.plans.entry(key) {
+            Entry::Occupied(e) => Ok(e.into_mut()),
+            Entry::Vacant(e) => Ok(e.insert(make()?)),
+        }
+    }
+
+    /// Runs `input` through `modules` with the plan for its shape (profiling and planning
+    /// on first sight). Under `no_grad` it runs the chain plainly and plans nothing.
+    ///
+    /// # Panics
+    ///
+    /// When [`SequentialPlanner::f_forward`] returns an error.
+    pub fn forward<M>(&mut self, modules: &[M], input: &Tensor) -> Tensor
+    where
+        M: Module + ShallowClone + 'static,
+    {
+        self.f_forward(modules, input)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The fallible twin of [`SequentialPlanner::forward`].
+    ///
+    /// # Errors
+    ///
+    /// As [`SequentialPlanner::f_plan`] and [`f_checkpoint_sequential_plan`].
+    pub fn f_forward<M>(&mut self, modules: &[M], input: &Tensor) -> Result<Tensor, CkptError>
+    where
+        M: Module + ShallowClone + 'static,
+    {
+        let step = |m: &M, xs: &Tensor| m.forward(xs);
+        if !crate::ffi::grad_enabled() {
+            return Ok(chain(modules, input.shallow_clone(), step));
+        }
+        let plan = self.f_plan(modules, input)?;
+        check_len(modules.len(), plan)?;
+        run_chain(modules, &plan.ranges(), input, step)
+    }
+
+    /// [`SequentialPlanner::forward`] for [`ModuleT`] modules, with the train flag.
+    ///
+    /// # Panics
+    ///
+    /// When [`SequentialPlanner::f_forward_t`] returns an error.
+    pub fn forward_t<M>(&mut self, modules: &[M], input: &Tensor, train: bool) -> Tensor
+    where
+        M: ModuleT + ShallowClone + 'static,
+    {
+        self.f_forward_t(modules, input, train)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The fallible twin of [`SequentialPlanner::forward_t`].
+    ///
+    /// # Errors
+    ///
+    /// As [`SequentialPlanner::f_forward`].
+    pub fn f_forward_t<M>(
+        &mut self,
+        modules: &[M],
+        input: &Tensor,
+        train: bool,
+    ) -> Result<Tensor, CkptError>
+    where
+        M: ModuleT + ShallowClone + 'static,
+    {
+        let step = move |m: &M, xs: &Tensor| m.forward_t(xs, train);
+        if !crate::ffi::grad_enabled() {
+            return Ok(chain(modules, input.shallow_clone(), step));
+        }
+        let plan = self.f_plan_t(modules, input, train)?;
+        check_len(modules.len(), plan)?;
+        run_chain(modules, &plan.ranges(), input, step)
+    }
+}
