@@ -18,6 +18,7 @@ pub mod amp;
 mod checkpoint;
 mod error;
 mod ffi;
+mod macro_support;
 pub mod memory;
 pub mod plan;
 mod sequential;
@@ -43,4 +44,6 @@ pub use stash::{Carry, Stash};
 #[doc(hidden)]
 pub mod __private {
     pub use crate::checkpoint::run as run_segment;
+    pub use crate::macro_support::*;
+    pub use crate::{CheckpointOptions, ShallowClone, Shared, Stash};
 }

@@ -183,3 +183,10 @@ tuples! {
     (A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10)
     (A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11)
 }
+
+impl<T: Clone> crate::ShallowClone for Carry<T> {
+    /// A `Clone` of the carried value (it holds no tensors).
+    fn shallow_clone(&self) -> Self {
+        self.clone()
+    }
+}

@@ -1,0 +1,1033 @@
+//! Analysis: grouping the body's statements into segments, liveness of bindings across
+//! each cut (shadowing-aware, scope-aware), and the side-effect rules of a checkpointed
+//! segment (DESIGN.md decision 9).
+//!
+//! The macro has no type information. A *binding* is a name introduced by a parameter or
+//! a top-level `let` of the body; a *use* is a single-identifier path expression that is
+//! not bound by an enclosing scope inside the statement (block, closure parameter, match
+//! arm, `if let`, `for`), an identifier inside a macro invocation (conservatively), or a
+//! `{name}` captured by a format string.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+
+use proc_macro2::{Span, TokenStream, TokenTree};
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::visit::Visit;
+use syn::{Expr, FnArg, Ident, Pat, Stmt, Token};
+
+use super::parse::{self, Args, ParamKind, Rule};
+use crate::ctxt::Ctxt;
+
+/// A name bound by a parameter or a top-level `let`.
+#[derive(Debug, Clone)]
+pub(crate) struct Binding {
+    /// The identifier as written at the binding site (its span and hygiene are reused for
+    /// rebindings inside and after segments).
+    pub ident: Ident,
+    /// `mut` at the binding site.
+    pub mutable: bool,
+}
+
+/// How a value enters a checkpointed segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// Moved into the stash: it is not used after the segment (or the segment redefines
+    /// its name).
+    Move,
+    /// A shallow clone goes into the stash; the original stays for later statements.
+    Dup,
+    /// A `&T` parameter: a shallow clone goes in, rebound as `&T` inside.
+    RefData,
+    /// A `&[T]` parameter: a `Vec<T>` of shallow clones goes in, rebound as `&[T]`.
+    RefSlice,
+    /// A `&str` parameter: a `String` goes in, rebound as `&str`.
+    RefStr,
+}
+
+/// A value entering a checkpointed segment through its stash.
+#[derive(Debug, Clone)]
+pub(crate) struct Input {
+    pub binding: Binding,
+    pub pass: Pass,
+}
+
+/// One group of statements.
+#[derive(Debug, Clone)]
+pub(crate) struct Group {
+    /// Indices into [`Plan::stmts`].
+    pub stmts: Range<usize>,
+    /// Values entering through the stash, in order of first use.
+    pub inputs: Vec<Input>,
+    /// Bindings defined in the group and used after it, in order of definition.
+    pub outputs: Vec<Binding>,
+    /// Whether the group uses `self`.
+    pub uses_self: bool,
+    /// Module parameters (`&T`, captured by shallow clone) the group uses.
+    pub captures: Vec<Ident>,
+    /// The first `?` (or `bail!`/`ensure!`) that would leave the segment.
+    pub fallible: Option<Span>,
+}
+
+/// The result of the analysis.
+pub(crate) struct Plan<'a> {
+    /// The body's statements to cut (items and cut markers removed).
+    pub stmts: Vec<&'a Stmt>,
+    /// Items of the body, hoisted before the segments (they are visible in the whole
+    /// body anyway).
+    pub items: Vec<&'a Stmt>,
+    /// The groups; all but the last are checkpointed, the last runs inline.
+    pub groups: Vec<Group>,
+    /// The span of `self` in the receiver, for a `&self` method.
+    pub self_span: Option<Span>,
+    /// Module parameters captured by some checkpointed segment, in parameter order.
+    pub captures: Vec<Ident>,
+}
+
+/// Analyzes `func`. Errors go to `cx`; `None` when the function cannot be cut at all.
+pub(crate) fn analyze<'a>(
+    func: &'a parse::Function,
+    args: &Args,
+    cx: &mut Ctxt,
+) -> Option<Plan<'a>> {
+    let self_span = parse::check_signature(&func.sig, cx);
+
+    // Parameters, in order.
+    let mut params: Vec<(Binding, ParamKind)> = Vec::new();
+    for arg in &func.sig.inputs {
+        if let FnArg::Typed(pt) = arg {
+            let kind = parse::param_kind(&pt.pat, &pt.ty);
+            let mut bs = Vec::new();
+            pat_bindings(&pt.pat, &mut bs);
+            params.extend(bs.into_iter().map(|b| (b, kind)));
+        }
+    }
+
+    // Statements: items are hoisted, cut markers split.
+    let mut stmts = Vec::new();
+    let mut items = Vec::new();
+    let mut cuts: Vec<(usize, Span)> = Vec::new();
+    for stmt in &func.block.stmts {
+        match stmt {
+            Stmt::Item(_) => items.push(stmt),
+            _ if parse::as_cut_marker(stmt).is_some() => {
+                let mac = parse::as_cut_marker(stmt).expect("checked");
+                if !mac.tokens.is_empty() {
+                    cx.error_spanned_by(mac, "`ckpt::cut!()` takes no arguments");
+                }
+                cuts.push((stmts.len(), mac.span()));
+            }
+            Stmt::Expr(Expr::Verbatim(ts), _) if ts.is_empty() => {}
+            _ => stmts.push(stmt),
+        }
+    }
+
+    let ranges = make_groups(stmts.len(), args, &cuts, cx)?;
+    let count = ranges.len();
+
+    // Walk each group: uses, definitions, side-effect rules.
+    let mut bound: HashMap<String, (Binding, Option<ParamKind>)> = params
+        .iter()
+        .map(|(b, k)| (b.ident.to_string(), (b.clone(), Some(*k))))
+        .collect();
+    let fn_name = func.sig.ident.to_string();
+    let mut walks = Vec::with_capacity(count);
+    let mut bound_before = Vec::with_capacity(count);
+    for (g, range) in ranges.iter().enumerate() {
+        let checkpointed = g + 1 < count;
+        let mut walker = Walker::new(
+            cx,
+            checkpointed,
+            format!("segment {} of {count}", g + 1),
+            &fn_name,
+        );
+        for stmt in &stmts[range.clone()] {
+            walker.walk_top_level(stmt);
+        }
+        let walk = walker.finish();
+        bound_before.push(bound.clone());
+        for b in &walk.defs {
+            bound.insert(b.ident.to_string(), (b.clone(), None));
+        }
+        walks.push(walk);
+    }
+
+    // Liveness at group granularity, backwards: live_in(g) = uses(g) ∪ (live_in(g+1) − defs(g)).
+    let mut live_in: Vec<HashSet<String>> = vec![HashSet::new(); count + 1];
+    for g in (0..count).rev() {
+        let defs: HashSet<String> = walks[g].defs.iter().map(|b| b.ident.to_string()).collect();
+        let mut live: HashSet<String> = live_in[g + 1].difference(&defs).cloned().collect();
+        live.extend(walks[g].uses.iter().map(|(n, _)| n.clone()));
+        live_in[g] = live;
+    }
+
+    let mut groups = Vec::with_capacity(count);
+    let mut captures: Vec<Ident> = Vec::new();
+    for (g, range) in ranges.into_iter().enumerate() {
+        let walk = &walks[g];
+        let live_out = &live_in[g + 1];
+        let checkpointed = g + 1 < count;
+        // Outer bindings (not parameters taken by reference) that the group assigns or
+        // mutates are moved in and rebound after it, like a redefinition.
+        let mutated: Vec<Binding> = walk
+            .mutated
+            .iter()
+            .filter_map(|name| match bound_before[g].get(name) {
+                Some((b, None | Some(ParamKind::Owned))) => Some(b.clone()),
+                _ => None,
+            })
+            .collect();
+        let mut defined: HashSet<String> = walk.defs.iter().map(|b| b.ident.to_string()).collect();
+        defined.extend(mutated.iter().map(|b| b.ident.to_string()));
+        let mut group = Group {
+            stmts: range,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            uses_self: walk.uses.iter().any(|(n, _)| n == "self"),
+            captures: Vec::new(),
+            fallible: walk.fallible,
+        };
+        if checkpointed {
+            for (name, span) in &walk.uses {
+                let Some((binding, kind)) = bound_before[g].get(name) else {
+                    continue; // not a binding of this function (a function, a constant, ..)
+                };
+                let pass = match kind {
+                    Some(ParamKind::Capture) => {
+                        group.captures.push(binding.ident.clone());
+                        if !captures.iter().any(|c| c == &binding.ident) {
+                            captures.push(binding.ident.clone());
+                        }
+                        continue;
+                    }
+                    Some(ParamKind::RefMut) => {
+                        cx.error_at(
+                            *span,
+                            format!(
+                                "`&mut` parameter `{name}` cannot enter checkpointed segment {} of {count}: the segment runs again in backward and must not mutate what it did not create; use `{name}` after the last cut (the last segment runs inline), or pass `&{name}`",
+                                g + 1
+                            ),
+                        );
+                        continue;
+                    }
+                    Some(ParamKind::RefData) => Pass::RefData,
+                    Some(ParamKind::RefSlice) => Pass::RefSlice,
+                    Some(ParamKind::RefStr) => Pass::RefStr,
+                    Some(ParamKind::Owned) | None => {
+                        if live_out.contains(name) && !defined.contains(name) {
+                            Pass::Dup
+                        } else {
+                            Pass::Move
+                        }
+                    }
+                };
+                group.inputs.push(Input {
+                    binding: binding.clone(),
+                    pass,
+                });
+            }
+            // The last definition of each name is the one visible after the group.
+            let mut seen = HashSet::new();
+            let mut outputs: Vec<Binding> = mutated
+                .iter()
+                .chain(&walk.defs)
+                .rev()
+                .filter(|b| {
+                    let name = b.ident.to_string();
+                    live_out.contains(&name) && seen.insert(name)
+                })
+                .cloned()
+                .collect();
+            outputs.reverse();
+            group.outputs = outputs;
+        }
+        groups.push(group);
+    }
+    // Captures in parameter order.
+    captures.sort_by_key(|c| params.iter().position(|(b, _)| &b.ident == c));
+
+    cx.is_ok().then_some(Plan {
+        stmts,
+        items,
+        groups,
+        self_span,
+        captures,
+    })
+}
+
+/// Splits `n` statements into groups: `segments = N` balanced by statement count, or at
+/// the cut markers (given as the index of the statement that follows each).
+fn make_groups(
+    n: usize,
+    args: &Args,
+    cuts: &[(usize, Span)],
+    cx: &mut Ctxt,
+) -> Option<Vec<Range<usize>>> {
+    if let (true, [(_, span), ..]) = (args.segments_given, cuts) {
+        cx.error_at(
+            *span,
+            "`ckpt::cut!()` markers and `segments = N` cannot be combined: use `segments = N` for balanced segments, or markers alone",
+        );
+        return None;
+    }
+    match (args.segments, cuts) {
+        (Some((segments, span)), _) => {
+            if segments > n {
+                cx.error_at(
+                    span,
+                    format!(
+                        "`segments = {segments}` but the body has {n} statement{} to cut (items and cut markers do not count); use `segments = {}` or fewer",
+                        if n == 1 { "" } else { "s" },
+                        n.max(2)
+                    ),
+                );
+                return None;
+            }
+            Some(
+                (0..segments)
+                    .map(|g| g * n / segments..(g + 1) * n / segments)
+                    .collect(),
+            )
+        }
+        (None, []) if args.segments_given => None, // reported while parsing
+        (None, []) => {
+            cx.error_at(
+                args.span.unwrap_or_else(Span::call_site),
+                "`#[checkpointed]` needs `segments = N` (balanced cuts), or `ckpt::cut!();` markers between the body's statements",
+            );
+            None
+        }
+        (None, cuts) => {
+            let mut ok = true;
+            let mut prev = 0;
+            for (i, (at, span)) in cuts.iter().enumerate() {
+                let what = if *at == 0 {
+                    Some("before the first statement, which leaves the first segment empty")
+                } else if *at == n {
+                    Some("after the last statement, which leaves the last segment empty")
+                } else if i > 0 && *at == prev {
+                    Some("right after another cut, with no statement between them")
+                } else {
+                    None
+                };
+                if let Some(what) = what {
+                    cx.error_at(*span, format!("`ckpt::cut!()` {what}; remove it"));
+                    ok = false;
+                }
+                prev = *at;
+            }
+            if !ok {
+                return None;
+            }
+            let mut bounds = vec![0];
+            bounds.extend(cuts.iter().map(|(at, _)| *at));
+            bounds.push(n);
+            Some(bounds.windows(2).map(|w| w[0]..w[1]).collect())
+        }
+    }
+}
+
+/// Adds the names a pattern binds to `out`.
+pub(crate) fn pat_bindings(pat: &Pat, out: &mut Vec<Binding>) {
+    match pat {
+        Pat::Ident(p) => {
+            out.push(Binding {
+                ident: p.ident.clone(),
+                mutable: p.mutability.is_some(),
+            });
+            if let Some((_, sub)) = &p.subpat {
+                pat_bindings(sub, out);
+            }
+        }
+        Pat::Or(p) => {
+            // Every alternative binds the same names.
+            if let Some(first) = p.cases.first() {
+                pat_bindings(first, out);
+            }
+        }
+        Pat::Paren(p) => pat_bindings(&p.pat, out),
+        Pat::Reference(p) => pat_bindings(&p.pat, out),
+        Pat::Slice(p) => p.elems.iter().for_each(|e| pat_bindings(e, out)),
+        Pat::Struct(p) => p.fields.iter().for_each(|f| pat_bindings(&f.pat, out)),
+        Pat::Tuple(p) => p.elems.iter().for_each(|e| pat_bindings(e, out)),
+        Pat::TupleStruct(p) => p.elems.iter().for_each(|e| pat_bindings(e, out)),
+        Pat::Type(p) => pat_bindings(&p.pat, out),
+        _ => {}
+    }
+}
+
+/// What a walk over a group found.
+struct Walk {
+    /// Names used before any definition in the group, with their first span, in order.
+    uses: Vec<(String, Span)>,
+    /// Top-level definitions, in order (shadowed ones included).
+    defs: Vec<Binding>,
+    /// The first `?` at the top level of the segment (not inside a closure).
+    fallible: Option<Span>,
+    /// Outer bindings the group assigns or mutates (with an escape hatch, or in the
+    /// inline group): they leave the group as outputs, so the change is seen after it.
+    mutated: Vec<String>,
+}
+
+const IO_MACROS: &[&str] = &[
+    "println", "print", "eprintln", "eprint", "dbg", "write", "writeln",
+];
+const EARLY_EXIT_MACROS: &[&str] = &["bail", "ensure"];
+const MUTATING_METHODS: &[&str] = &[
+    "borrow_mut",
+    "lock",
+    "try_lock",
+    "write",
+    "set",
+    "replace",
+    "take",
+    "swap",
+    "get_mut",
+    "push",
+    "push_back",
+    "push_front",
+    "pop",
+    "pop_back",
+    "pop_front",
+    "insert",
+    "remove",
+    "clear",
+    "extend",
+    "append",
+    "truncate",
+    "retain",
+    "drain",
+    "entry",
+    "store",
+    "compare_exchange",
+    "compare_exchange_weak",
+];
+const RNG_CRATES: &[&str] = &["rand", "fastrand", "getrandom"];
+const RNG_METHODS: &[&str] = &[
+    "gen",
+    "gen_range",
+    "gen_bool",
+    "random",
+    "random_range",
+    "random_bool",
+    "sample",
+    "shuffle",
+    "fill_bytes",
+    "next_u32",
+    "next_u64",
+];
+
+/// The root of a place expression (`a` in `a.b[i]`, `*a`, `(a)`).
+enum Root {
+    /// A single identifier.
+    Name(String),
+    /// A longer path (`crate::COUNTER`): never local.
+    Path(String),
+    /// Something else (a call's result, a temporary).
+    Unknown,
+}
+
+fn root(e: &Expr) -> Root {
+    match e {
+        Expr::Path(p) if p.qself.is_none() => match p.path.get_ident() {
+            Some(id) => Root::Name(id.to_string()),
+            None => Root::Path(path_string(&p.path)),
+        },
+        Expr::Field(f) => root(&f.base),
+        Expr::Index(i) => root(&i.expr),
+        Expr::Paren(p) => root(&p.expr),
+        Expr::Group(g) => root(&g.expr),
+        Expr::Reference(r) => root(&r.expr),
+        Expr::Unary(u) if matches!(u.op, syn::UnOp::Deref(_)) => root(&u.expr),
+        // A shallow clone shares storage with what it was cloned from.
+        Expr::MethodCall(m) if m.method == "shallow_clone" && m.args.is_empty() => {
+            root(&m.receiver)
+        }
+        _ => Root::Unknown,
+    }
+}
+
+fn path_string(p: &syn::Path) -> String {
+    p.segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect::<Vec<_>>()
+        .join("::")
+}
+
+fn is_inplace_name(name: &str) -> bool {
+    name.len() > 1 && name.ends_with('_') && !name.starts_with('_')
+}
+
+/// The scope-aware walker of one group.
+struct Walker<'c> {
+    cx: &'c mut Ctxt,
+    /// Whether side-effect rules apply (checkpointed group).
+    check: bool,
+    /// "segment 2 of 3", for messages.
+    segment: String,
+    fn_name: &'c str,
+    /// Innermost last; `scopes[0]` holds the group's top-level definitions so far.
+    scopes: Vec<HashSet<String>>,
+    uses: Vec<(String, Span)>,
+    seen: HashSet<String>,
+    defs: Vec<Binding>,
+    fallible: Option<Span>,
+    mutated: Vec<String>,
+    /// Rules lifted by `#[ckpt::allow(..)]` on the enclosing statements.
+    allowed: Vec<Rule>,
+    /// Closure / async-block nesting: `return` and `?` there belong to it.
+    closure_depth: usize,
+    /// Enclosing loops and labeled blocks of the current closure level: (label, is_loop).
+    loops: Vec<(Option<String>, bool)>,
+}
+
+impl<'c> Walker<'c> {
+    fn new(cx: &'c mut Ctxt, check: bool, segment: String, fn_name: &'c str) -> Self {
+        Walker {
+            cx,
+            check,
+            segment,
+            fn_name,
+            scopes: vec![HashSet::new()],
+            uses: Vec::new(),
+            seen: HashSet::new(),
+            defs: Vec::new(),
+            fallible: None,
+            mutated: Vec::new(),
+            allowed: Vec::new(),
+            closure_depth: 0,
+            loops: Vec::new(),
+        }
+    }
+
+    fn finish(self) -> Walk {
+        Walk {
+            uses: self.uses,
+            defs: self.defs,
+            fallible: self.fallible,
+            mutated: self.mutated,
+        }
+    }
+
+    fn is_local(&self, name: &str) -> bool {
+        self.scopes.iter().any(|s| s.contains(name))
+    }
+
+    fn use_name(&mut self, name: String, span: Span) {
+        if !self.is_local(&name) && self.seen.insert(name.clone()) {
+            self.uses.push((name, span));
+        }
+    }
+
+    fn bind(&mut self, pat: &Pat) {
+        let mut bs = Vec::new();
+        pat_bindings(pat, &mut bs);
+        let scope = self.scopes.last_mut().expect("a scope");
+        scope.extend(bs.into_iter().map(|b| b.ident.to_string()));
+    }
+
+    fn scoped(&mut self, f: impl FnOnce(&mut Self)) {
+        self.scopes.push(HashSet::new());
+        f(self);
+        self.scopes.pop();
+    }
+
+    fn in_closure(&mut self, f: impl FnOnce(&mut Self)) {
+        let loops = std::mem::take(&mut self.loops);
+        self.closure_depth += 1;
+        self.scoped(f);
+        self.closure_depth -= 1;
+        self.loops = loops;
+    }
+
+    fn with_allow(&mut self, attrs: &[&syn::Attribute], f: impl FnOnce(&mut Self)) {
+        let rules = parse::allowed_rules(attrs, self.cx);
+        let n = self.allowed.len();
+        self.allowed.extend(rules);
+        f(self);
+        self.allowed.truncate(n);
+    }
+
+    fn violation(&mut self, rule: Rule, tokens: impl quote::ToTokens, message: String) {
+        if self.check && !self.allowed.contains(&rule) {
+            self.cx.error_spanned_by(tokens, message);
+        }
+    }
+
+    /// Whether a place root is outside the segment (`self`, a parameter, an earlier
+    /// binding, a static); `None` when it cannot be told (a temporary). An outer binding
+    /// found here is recorded as mutated.
+    fn outer_root(&mut self, e: &Expr) -> Option<String> {
+        match root(e) {
+            Root::Name(n) if !self.is_local(&n) => {
+                if !self.mutated.contains(&n) {
+                    self.mutated.push(n.clone());
+                }
+                Some(n)
+            }
+            Root::Name(_) | Root::Unknown => None,
+            Root::Path(p) => Some(p),
+        }
+    }
+
+    /// A top-level statement of the group.
+    fn walk_top_level(&mut self, stmt: &Stmt) {
+        self.with_allow(&parse::stmt_attrs(stmt), |w| match stmt {
+            Stmt::Local(local) => {
+                if let Some(init) = &local.init {
+                    w.visit_expr(&init.expr);
+                    if let Some((_, diverge)) = &init.diverge {
+                        w.visit_expr(diverge);
+                    }
+                }
+                let mut bs = Vec::new();
+                pat_bindings(&local.pat, &mut bs);
+                for b in bs {
+                    w.scopes[0].insert(b.ident.to_string());
+                    w.defs.push(b);
+                }
+            }
+            Stmt::Expr(e, _) => w.visit_expr(e),
+            Stmt::Macro(m) => w.visit_macro(&m.mac),
+            Stmt::Item(_) => {}
+        });
+    }
+
+    fn check_inplace(&mut self, method: &str, receiver: &Expr, node: impl quote::ToTokens) {
+        if !is_inplace_name(method) {
+            return;
+        }
+        if let Some(root) = self.outer_root(receiver) {
+            let out_of_place = method.trim_end_matches('_');
+            let message = format!(
+                "in-place `{method}` on `{root}`, which enters this checkpointed {segment} of `{f}`: the recompute in backward would see the modified value; use the out-of-place `{out_of_place}`, or lift the rule with `#[ckpt::allow(inplace)]` on the statement",
+                segment = self.segment,
+                f = self.fn_name,
+            );
+            self.violation(Rule::Inplace, node, message);
+        }
+    }
+
+    fn check_mutation(&mut self, method: &str, receiver: &Expr, node: impl quote::ToTokens) {
+        let mutating = MUTATING_METHODS.contains(&method) || method.starts_with("fetch_");
+        let rng = RNG_METHODS.contains(&method);
+        if !mutating && !rng {
+            return;
+        }
+        let Some(root) = self.outer_root(receiver) else {
+            return;
+        };
+        if rng {
+            let message = format!(
+                "`{method}` on `{root}` draws from a random generator outside libtorch: the recompute of {segment} in backward would draw different numbers (`preserve_rng_state` covers libtorch's generators only); use libtorch's random ops (`Tensor::rand`, `dropout`), or lift the rule with `#[ckpt::allow(rng)]`",
+                segment = self.segment,
+            );
+            self.violation(Rule::Rng, node, message);
+        } else {
+            let message = format!(
+                "`{method}` on `{root}`, which is not bound inside this checkpointed {segment}: interior mutability and collection mutation would happen again when backward replays the segment; build a new value inside the segment, or lift the rule with `#[ckpt::allow(mutation)]` (for example for the `lock` of a read-only `ckpt::Shared` module)",
+                segment = self.segment,
+            );
+            self.violation(Rule::Mutation, node, message);
+        }
+    }
+
+    fn check_assign(&mut self, target: &Expr, node: impl quote::ToTokens) {
+        if let Some(root) = self.outer_root(target) {
+            let message = format!(
+                "assignment to `{root}`, which is not bound inside this checkpointed {segment}: the segment runs again in backward, so the assignment would happen twice; bind a new value with `let` instead, or lift the rule with `#[ckpt::allow(assign)]`",
+                segment = self.segment,
+            );
+            self.violation(Rule::Assign, node, message);
+        }
+    }
+
+    fn check_rng_path(&mut self, path: &syn::Path) {
+        let first = path.segments.first().map(|s| s.ident.to_string());
+        let hit = (path.segments.len() > 1
+            && first.as_deref().is_some_and(|f| RNG_CRATES.contains(&f)))
+            || path.segments.iter().any(|s| s.ident == "thread_rng");
+        if hit {
+            let message = format!(
+                "`{}` is randomness outside libtorch: the recompute of {} in backward would draw different numbers (`preserve_rng_state` covers libtorch's generators only); use libtorch's random ops (`Tensor::rand`, `dropout`), or lift the rule with `#[ckpt::allow(rng)]`",
+                path_string(path),
+                self.segment
+            );
+            self.violation(Rule::Rng, path, message);
+        }
+    }
+
+    fn control_flow(&mut self, node: impl quote::ToTokens, what: &str) {
+        if self.check {
+            let message = format!(
+                "{what} in checkpointed {segment} would leave the segment's closure, not `{f}`; control flow that leaves a segment is allowed only in the last segment, which runs inline: put a `ckpt::cut!();` marker before this statement, or restructure",
+                segment = self.segment,
+                f = self.fn_name,
+            );
+            self.cx.error_spanned_by(node, message);
+        }
+    }
+
+    /// Conservative uses inside a macro's tokens: identifiers (not after `.`, not before
+    /// `::`), `self`, and format-string captures.
+    fn scan_tokens(&mut self, tokens: TokenStream, idents: bool) {
+        let tts: Vec<TokenTree> = tokens.into_iter().collect();
+        for (i, tt) in tts.iter().enumerate() {
+            match tt {
+                TokenTree::Ident(id) if idents => {
+                    let after_dot =
+                        i > 0 && matches!(&tts[i - 1], TokenTree::Punct(p) if p.as_char() == '.');
+                    let before_path =
+                        matches!(tts.get(i + 1), Some(TokenTree::Punct(p)) if p.as_char() == ':');
+                    if !after_dot && !before_path {
+                        self.use_name(id.to_string(), id.span());
+                    }
+                }
+                TokenTree::Group(g) => self.scan_tokens(g.stream(), idents),
+                TokenTree::Literal(lit) => {
+                    for name in format_captures(&lit.to_string()) {
+                        self.use_name(name, lit.span());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Flags from the tokens of a macro whose arguments are not expressions.
+    fn scan_flags(&mut self, mac: &syn::Macro, tokens: TokenStream) {
+        for tt in tokens {
+            match &tt {
+                TokenTree::Ident(id) if id == "unsafe" => {
+                    let message = format!(
+                        "`unsafe` in a macro in checkpointed {}: the macro cannot check unsafe code for side effects, and the segment runs again in backward; move it out of the segment, or lift the rule with `#[ckpt::allow(unsafe)]` once you have checked it is pure",
+                        self.segment
+                    );
+                    self.violation(Rule::Unsafe, mac, message);
+                }
+                TokenTree::Ident(id) if id == "return" && self.closure_depth == 0 => {
+                    self.control_flow(mac, "`return` (inside a macro)");
+                }
+                TokenTree::Ident(id)
+                    if id == "thread_rng" || RNG_CRATES.iter().any(|c| id == c) =>
+                {
+                    let message = format!(
+                        "`{id}` is randomness outside libtorch: the recompute of {} in backward would draw different numbers; use libtorch's random ops, or lift the rule with `#[ckpt::allow(rng)]`",
+                        self.segment
+                    );
+                    self.violation(Rule::Rng, mac, message);
+                }
+                TokenTree::Punct(p) if p.as_char() == '?' && self.closure_depth == 0 => {
+                    self.fallible.get_or_insert(p.span());
+                }
+                TokenTree::Group(g) => self.scan_flags(mac, g.stream()),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Identifiers captured by a format string literal: `"{x}"`, `"{x:?}"` (not `"{{x}}"`).
+fn format_captures(lit: &str) -> Vec<String> {
+    if !(lit.starts_with('"') || lit.starts_with('r')) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let b = lit.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'{' {
+            if b.get(i + 1) == Some(&b'{') {
+                i += 2;
+                continue;
+            }
+            let start = i + 1;
+            let mut j = start;
+            while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
+                j += 1;
+            }
+            let name = &lit[start..j];
+            let valid = !name.is_empty() && !name.as_bytes()[0].is_ascii_digit();
+            if valid && matches!(b.get(j), Some(b'}') | Some(b':')) {
+                out.push(name.to_owned());
+            }
+            i = j;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+impl<'ast> Visit<'ast> for Walker<'_> {
+    fn visit_block(&mut self, b: &'ast syn::Block) {
+        self.scoped(|w| {
+            for stmt in &b.stmts {
+                w.visit_stmt(stmt);
+            }
+        });
+    }
+
+    fn visit_stmt(&mut self, stmt: &'ast Stmt) {
+        self.with_allow(&parse::stmt_attrs(stmt), |w| match stmt {
+            Stmt::Local(local) => {
+                if let Some(init) = &local.init {
+                    w.visit_expr(&init.expr);
+                    if let Some((_, diverge)) = &init.diverge {
+                        w.visit_expr(diverge);
+                    }
+                }
+                w.bind(&local.pat);
+            }
+            Stmt::Expr(e, _) => w.visit_expr(e),
+            Stmt::Macro(m) => w.visit_macro(&m.mac),
+            Stmt::Item(_) => {}
+        });
+    }
+
+    fn visit_item(&mut self, _: &'ast syn::Item) {
+        // Items cannot capture locals; their bodies are not part of the segment.
+    }
+
+    fn visit_expr_path(&mut self, e: &'ast syn::ExprPath) {
+        if e.qself.is_none() {
+            if let Some(id) = e.path.get_ident() {
+                self.use_name(id.to_string(), id.span());
+            } else {
+                self.check_rng_path(&e.path);
+            }
+        }
+    }
+
+    fn visit_expr_closure(&mut self, e: &'ast syn::ExprClosure) {
+        self.in_closure(|w| {
+            for input in &e.inputs {
+                w.bind(input);
+            }
+            w.visit_expr(&e.body);
+        });
+    }
+
+    fn visit_expr_async(&mut self, e: &'ast syn::ExprAsync) {
+        self.in_closure(|w| w.visit_block(&e.block));
+    }
+
+    fn visit_arm(&mut self, arm: &'ast syn::Arm) {
+        self.scoped(|w| {
+            w.bind(&arm.pat);
+            if let Some((_, guard)) = &arm.guard {
+                w.visit_expr(guard);
+            }
+            w.visit_expr(&arm.body);
+        });
+    }
+
+    fn visit_expr_if(&mut self, e: &'ast syn::ExprIf) {
+        self.scoped(|w| {
+            w.visit_expr(&e.cond);
+            w.visit_block(&e.then_branch);
+        });
+        if let Some((_, else_branch)) = &e.else_branch {
+            self.visit_expr(else_branch);
+        }
+    }
+
+    fn visit_expr_let(&mut self, e: &'ast syn::ExprLet) {
+        self.visit_expr(&e.expr);
+        self.bind(&e.pat);
+    }
+
+    fn visit_expr_while(&mut self, e: &'ast syn::ExprWhile) {
+        let label = e.label.as_ref().map(|l| l.name.ident.to_string());
+        self.scoped(|w| {
+            w.visit_expr(&e.cond);
+            w.loops.push((label, true));
+            w.visit_block(&e.body);
+            w.loops.pop();
+        });
+    }
+
+    fn visit_expr_for_loop(&mut self, e: &'ast syn::ExprForLoop) {
+        self.visit_expr(&e.expr);
+        let label = e.label.as_ref().map(|l| l.name.ident.to_string());
+        self.scoped(|w| {
+            w.bind(&e.pat);
+            w.loops.push((label, true));
+            w.visit_block(&e.body);
+            w.loops.pop();
+        });
+    }
+
+    fn visit_expr_loop(&mut self, e: &'ast syn::ExprLoop) {
+        let label = e.label.as_ref().map(|l| l.name.ident.to_string());
+        self.loops.push((label, true));
+        self.visit_block(&e.body);
+        self.loops.pop();
+    }
+
+    fn visit_expr_block(&mut self, e: &'ast syn::ExprBlock) {
+        let labeled = e.label.is_some();
+        if let Some(l) = &e.label {
+            self.loops.push((Some(l.name.ident.to_string()), false));
+        }
+        self.visit_block(&e.block);
+        if labeled {
+            self.loops.pop();
+        }
+    }
+
+    fn visit_expr_break(&mut self, e: &'ast syn::ExprBreak) {
+        let inside = match &e.label {
+            Some(l) => self
+                .loops
+                .iter()
+                .any(|(name, _)| name.as_deref() == Some(&*l.ident.to_string())),
+            None => self.loops.iter().any(|(_, is_loop)| *is_loop),
+        };
+        if !inside {
+            self.control_flow(e, "`break`");
+        }
+        if let Some(x) = &e.expr {
+            self.visit_expr(x);
+        }
+    }
+
+    fn visit_expr_continue(&mut self, e: &'ast syn::ExprContinue) {
+        let inside = match &e.label {
+            Some(l) => self
+                .loops
+                .iter()
+                .any(|(name, is_loop)| *is_loop && name.as_deref() == Some(&*l.ident.to_string())),
+            None => self.loops.iter().any(|(_, is_loop)| *is_loop),
+        };
+        if !inside {
+            self.control_flow(e, "`continue`");
+        }
+    }
+
+    fn visit_expr_return(&mut self, e: &'ast syn::ExprReturn) {
+        if self.closure_depth == 0 {
+            self.control_flow(e, "`return`");
+        }
+        if let Some(x) = &e.expr {
+            self.visit_expr(x);
+        }
+    }
+
+    fn visit_expr_try(&mut self, e: &'ast syn::ExprTry) {
+        if self.closure_depth == 0 {
+            self.fallible.get_or_insert(e.question_token.span);
+        }
+        self.visit_expr(&e.expr);
+    }
+
+    fn visit_expr_unsafe(&mut self, e: &'ast syn::ExprUnsafe) {
+        let message = format!(
+            "`unsafe` block in checkpointed {}: the macro cannot check unsafe code for side effects, and the segment runs again in backward; move it out of the segment, or lift the rule with `#[ckpt::allow(unsafe)]` once you have checked it is pure",
+            self.segment
+        );
+        self.violation(Rule::Unsafe, e.unsafe_token, message);
+        self.visit_block(&e.block);
+    }
+
+    fn visit_expr_assign(&mut self, e: &'ast syn::ExprAssign) {
+        self.check_assign(&e.left, e);
+        syn::visit::visit_expr_assign(self, e);
+    }
+
+    fn visit_expr_binary(&mut self, e: &'ast syn::ExprBinary) {
+        use syn::BinOp::*;
+        let compound = matches!(
+            e.op,
+            AddAssign(_)
+                | SubAssign(_)
+                | MulAssign(_)
+                | DivAssign(_)
+                | RemAssign(_)
+                | BitXorAssign(_)
+                | BitAndAssign(_)
+                | BitOrAssign(_)
+                | ShlAssign(_)
+                | ShrAssign(_)
+        );
+        if compound {
+            self.check_assign(&e.left, e);
+        }
+        syn::visit::visit_expr_binary(self, e);
+    }
+
+    fn visit_expr_method_call(&mut self, e: &'ast syn::ExprMethodCall) {
+        let method = e.method.to_string();
+        self.check_inplace(&method, &e.receiver, e);
+        self.check_mutation(&method, &e.receiver, e);
+        syn::visit::visit_expr_method_call(self, e);
+    }
+
+    fn visit_expr_call(&mut self, e: &'ast syn::ExprCall) {
+        // `Tensor::relu_(&mut xs)`, `Vec::push(&mut v, x)`: the first argument is the receiver.
+        if let (Expr::Path(p), Some(first)) = (&*e.func, e.args.first())
+            && p.path.segments.len() > 1
+            && let Some(last) = p.path.segments.last()
+        {
+            let method = last.ident.to_string();
+            self.check_inplace(&method, first, e);
+            self.check_mutation(&method, first, e);
+        }
+        syn::visit::visit_expr_call(self, e);
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        if parse::is_cut_macro(mac) {
+            self.cx.error_spanned_by(
+                mac,
+                "`ckpt::cut!()` must be a statement of the function body itself; nested in a block or an expression it would do nothing",
+            );
+            return;
+        }
+        let name = mac
+            .path
+            .segments
+            .last()
+            .map(|s| s.ident.to_string())
+            .unwrap_or_default();
+        if IO_MACROS.contains(&name.as_str()) {
+            let message = format!(
+                "`{name}!` in checkpointed {segment} runs again when backward replays the segment; move it out of the segment, or lift the rule with `#[ckpt::allow(io)]` (`ckpt::is_recomputing()` tells the replay apart)",
+                segment = self.segment,
+            );
+            self.violation(Rule::Io, mac, message);
+        }
+        if EARLY_EXIT_MACROS.contains(&name.as_str()) && self.closure_depth == 0 {
+            self.fallible.get_or_insert(mac.path.span());
+        }
+        self.check_rng_path(&mac.path);
+        match mac.parse_body_with(Punctuated::<Expr, Token![,]>::parse_terminated) {
+            Ok(args) => {
+                for arg in &args {
+                    self.visit_expr(arg);
+                }
+                self.scan_tokens(mac.tokens.clone(), false);
+            }
+            Err(_) => {
+                self.scan_tokens(mac.tokens.clone(), true);
+                self.scan_flags(mac, mac.tokens.clone());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::format_captures;
+
+    #[test]
+    fn format_captures_are_found() {
+        assert_eq!(
+            format_captures(r#""{x} {y:?} {{z}} {0} {}""#),
+            vec!["x", "y"]
+        );
+        assert!(format_captures("42").is_empty());
+    }
+}

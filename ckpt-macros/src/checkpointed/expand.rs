@@ -1,0 +1,335 @@
+//! Code generation: each checkpointed group becomes a closure run through
+//! `::ckpt::__private::segment`; the last group stays inline.
+//!
+//! Generated locals are named `__ckpt_*` with `Span::mixed_site()`, so they can neither
+//! clash with nor be seen by the user's code; the user's own bindings are rebound with
+//! the identifiers of their binding sites (same hygiene), so the statements inside a
+//! segment resolve as they did before.
+
+use proc_macro2::{Group, Span, TokenStream, TokenTree};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::visit_mut::VisitMut;
+use syn::{Expr, Ident, Stmt};
+
+use super::analysis::{Binding, Group as SegmentGroup, Pass, Plan};
+use super::parse::{self, Args, Function};
+
+/// Tuples of the stash have at most this many elements; longer lists are nested.
+const MAX_TUPLE: usize = 12;
+
+fn mixed(name: &str) -> Ident {
+    Ident::new(name, Span::mixed_site())
+}
+
+/// `(a, b, ..)` with at most [`MAX_TUPLE`] elements per level; nested beyond that. The
+/// same nesting is produced for the same length, so patterns match expressions.
+fn nest(items: Vec<TokenStream>) -> TokenStream {
+    if items.len() <= MAX_TUPLE {
+        return quote!((#(#items,)*));
+    }
+    let chunks: Vec<TokenStream> = items.chunks(MAX_TUPLE).map(|c| nest(c.to_vec())).collect();
+    nest(chunks)
+}
+
+/// Rewrites `self` (as an expression, and inside macro invocations' tokens) to the
+/// segment's hygienic reference to the shared shallow clone of `self`.
+struct RewriteSelf;
+
+fn self_ident(at: Span) -> Ident {
+    Ident::new("__ckpt_self", Span::mixed_site().located_at(at))
+}
+
+fn rewrite_self_tokens(tokens: TokenStream) -> TokenStream {
+    let tts: Vec<TokenTree> = tokens.into_iter().collect();
+    let mut out = Vec::with_capacity(tts.len());
+    for (i, tt) in tts.iter().enumerate() {
+        match tt {
+            TokenTree::Ident(id) if id == "self" => {
+                let before_path =
+                    matches!(tts.get(i + 1), Some(TokenTree::Punct(p)) if p.as_char() == ':');
+                out.push(if before_path {
+                    tt.clone()
+                } else {
+                    TokenTree::Ident(self_ident(id.span()))
+                });
+            }
+            TokenTree::Group(g) => {
+                let mut new = Group::new(g.delimiter(), rewrite_self_tokens(g.stream()));
+                new.set_span(g.span());
+                out.push(TokenTree::Group(new));
+            }
+            _ => out.push(tt.clone()),
+        }
+    }
+    out.into_iter().collect()
+}
+
+impl VisitMut for RewriteSelf {
+    fn visit_expr_mut(&mut self, e: &mut Expr) {
+        if let Expr::Path(p) = e
+            && p.qself.is_none()
+            && p.path.is_ident("self")
+        {
+            let span = p.path.span();
+            p.path = syn::Path::from(self_ident(span));
+            return;
+        }
+        syn::visit_mut::visit_expr_mut(self, e);
+    }
+
+    fn visit_macro_mut(&mut self, m: &mut syn::Macro) {
+        m.tokens = rewrite_self_tokens(std::mem::take(&mut m.tokens));
+    }
+
+    fn visit_item_mut(&mut self, _: &mut syn::Item) {}
+}
+
+/// A user statement as emitted: without `#[ckpt::allow]`, with `self` rewritten inside
+/// checkpointed segments.
+fn emit_stmt(stmt: &Stmt, rewrite_self: bool) -> Stmt {
+    let mut stmt = stmt.clone();
+    parse::strip_allow_attrs(&mut stmt);
+    if rewrite_self {
+        RewriteSelf.visit_stmt_mut(&mut stmt);
+    }
+    stmt
+}
+
+/// The function unchanged but for the `#[ckpt::allow]` markers (emitted next to errors).
+pub(crate) fn original(func: &Function) -> TokenStream {
+    let Function {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = func;
+    let mut block = (**block).clone();
+    for stmt in &mut block.stmts {
+        parse::strip_allow_attrs(stmt);
+    }
+    quote!(#(#attrs)* #vis #sig #block)
+}
+
+/// The expanded function.
+pub(crate) fn expand(func: &Function, args: &Args, plan: &Plan<'_>) -> TokenStream {
+    let Function {
+        attrs, vis, sig, ..
+    } = func;
+    let count = plan.groups.len();
+    let items = plan.items.iter().map(|s| emit_stmt(s, false));
+
+    let options = mixed("__ckpt_options");
+    let preserve = args
+        .preserve_rng_state
+        .map(|b| quote!(.preserve_rng_state(#b)));
+    let determinism = args
+        .determinism_check
+        .map(|b| quote!(.determinism_check(#b)));
+
+    let shared_self = mixed("__ckpt_shared_self");
+    let any_self = plan.groups[..count - 1].iter().any(|g| g.uses_self);
+    let self_capture = match (any_self, plan.self_span) {
+        (true, Some(span)) => {
+            let self_token = Ident::new("self", span);
+            quote_spanned!(span=> let #shared_self = ::ckpt::__private::capture(#self_token);)
+        }
+        _ => TokenStream::new(),
+    };
+    let captures = plan.captures.iter().map(|c| {
+        let shared = capture_ident(c);
+        quote_spanned!(c.span()=> let #shared = ::ckpt::__private::capture(#c);)
+    });
+
+    let segments = plan.groups[..count - 1]
+        .iter()
+        .enumerate()
+        .map(|(g, group)| segment(func, plan, g, group, &options, &shared_self));
+    let last = &plan.groups[count - 1];
+    let inline = plan.stmts[last.stmts.clone()]
+        .iter()
+        .map(|s| emit_stmt(s, false));
+
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            #(#items)*
+            let #options = ::ckpt::__private::CheckpointOptions::new() #preserve #determinism;
+            #self_capture
+            #(#captures)*
+            #(#segments)*
+            #(#inline)*
+        }
+    }
+}
+
+fn capture_ident(param: &Ident) -> Ident {
+    format_ident!(
+        "__ckpt_capture_{}",
+        param.to_string().trim_start_matches("r#"),
+        span = Span::mixed_site()
+    )
+}
+
+fn binding_pat(b: &Binding) -> TokenStream {
+    let ident = &b.ident;
+    if b.mutable {
+        quote!(mut #ident)
+    } else {
+        quote!(#ident)
+    }
+}
+
+/// One checkpointed group.
+fn segment(
+    func: &Function,
+    plan: &Plan<'_>,
+    g: usize,
+    group: &SegmentGroup,
+    options: &Ident,
+    shared_self: &Ident,
+) -> TokenStream {
+    let count = plan.groups.len();
+    let stmts = &plan.stmts[group.stmts.clone()];
+    let first_span = stmts.first().map_or_else(Span::call_site, |s| s.span());
+
+    // Segment name: "`Type::method` segment 2 of 3 (src/model.rs:42)".
+    let fn_name = func.sig.ident.to_string();
+    let owner = if plan.self_span.is_some() {
+        quote!(::core::option::Option::Some(
+            ::ckpt::__private::short_type_name::<Self>()
+        ))
+    } else {
+        quote!(::core::option::Option::None)
+    };
+    let index = g + 1;
+    let line = quote_spanned!(first_span=> ::core::line!());
+    let name = quote! {
+        ::ckpt::__private::segment_name(#owner, #fn_name, #index, #count, ::core::file!(), #line)
+    };
+
+    // Inputs: what goes into the stash, and how it is rebound inside the closure.
+    let mut in_exprs = Vec::new();
+    let mut in_pats = Vec::new();
+    let mut rebinds = Vec::new();
+    for input in &group.inputs {
+        let ident = &input.binding.ident;
+        let sp = ident.span();
+        let expr = match input.pass {
+            Pass::Move => quote_spanned!(sp=> ::ckpt::__private::stash(#ident)),
+            Pass::Dup => quote_spanned!(sp=> ::ckpt::__private::dup(&#ident)),
+            Pass::RefData => quote_spanned!(sp=> ::ckpt::__private::dup(#ident)),
+            Pass::RefSlice => quote_spanned!(sp=> ::ckpt::__private::slice_to_vec(#ident)),
+            Pass::RefStr => {
+                quote_spanned!(sp=> ::ckpt::__private::stash(::std::string::String::from(#ident)))
+            }
+        };
+        in_exprs.push(expr);
+        in_pats.push(match input.pass {
+            Pass::Move | Pass::Dup => binding_pat(&input.binding),
+            _ => quote!(#ident),
+        });
+        match input.pass {
+            Pass::RefData => rebinds.push(quote!(let #ident = &#ident;)),
+            Pass::RefSlice => rebinds.push(quote!(let #ident: &[_] = &#ident;)),
+            Pass::RefStr => rebinds.push(quote!(let #ident: &str = &#ident;)),
+            Pass::Move | Pass::Dup => {}
+        }
+    }
+    let input = mixed("__ckpt_input");
+    let any_mut_in = group
+        .inputs
+        .iter()
+        .any(|i| i.binding.mutable && matches!(i.pass, Pass::Move | Pass::Dup));
+    let allow_mut_in = any_mut_in.then(|| quote!(#[allow(unused_mut)]));
+    let (closure_param, destructure) = if in_pats.is_empty() {
+        (quote!(_: ()), TokenStream::new())
+    } else {
+        let pat = nest(in_pats);
+        (quote!(#input), quote!(#allow_mut_in let #pat = #input;))
+    };
+    let input_value = nest(in_exprs);
+
+    // Module state: `self` and `&Module` parameters, one shared shallow clone per call.
+    let mut clones = Vec::new();
+    let mut locks = Vec::new();
+    if group.uses_self {
+        let guard = mixed("__ckpt_self_guard");
+        let self_ref = mixed("__ckpt_self");
+        clones.push(quote!(let #shared_self = ::ckpt::__private::ShallowClone::shallow_clone(&#shared_self);));
+        locks.push(quote!(let #guard = #shared_self.lock(); let #self_ref = &*#guard;));
+    }
+    for c in &group.captures {
+        let shared = capture_ident(c);
+        let guard = format_ident!("{}_guard", shared);
+        clones
+            .push(quote!(let #shared = ::ckpt::__private::ShallowClone::shallow_clone(&#shared);));
+        locks.push(quote!(let #guard = #shared.lock(); let #c = &*#guard;));
+    }
+
+    // Outputs: bindings defined here and used later.
+    let out_exprs: Vec<TokenStream> = group
+        .outputs
+        .iter()
+        .map(|b| {
+            let ident = &b.ident;
+            quote_spanned!(ident.span()=> ::ckpt::__private::stash(#ident))
+        })
+        .collect();
+    let out_pats: Vec<TokenStream> = group.outputs.iter().map(binding_pat).collect();
+    let has_outputs = !out_exprs.is_empty();
+    let out_value = nest(out_exprs);
+    let body_stmts = stmts.iter().map(|s| emit_stmt(s, true));
+
+    let call = match group.fallible {
+        None => quote! {
+            ::ckpt::__private::segment(&#options, #name, move |#closure_param| {
+                #destructure
+                #(#locks)*
+                #(#rebinds)*
+                #(#body_stmts)*
+                #out_value
+            }, #input_value)
+        },
+        Some(q) => {
+            let out = mixed("__ckpt_out");
+            let err = mixed("__ckpt_err");
+            let exit = quote_spanned!(q=> return ::core::result::Result::Err(#err));
+            quote! {
+                match ::ckpt::__private::segment_fallible(&#options, #name, move |#closure_param| {
+                    #destructure
+                    #(#locks)*
+                    #(#rebinds)*
+                    #(#body_stmts)*
+                    ::core::result::Result::Ok(#out_value)
+                }, #input_value) {
+                    ::core::result::Result::Ok(#out) => #out,
+                    ::core::result::Result::Err(#err) => #exit,
+                }
+            }
+        }
+    };
+
+    if has_outputs {
+        let pat = nest(out_pats);
+        let allow_mut = group
+            .outputs
+            .iter()
+            .any(|b| b.mutable)
+            .then(|| quote!(#[allow(unused_mut)]));
+        quote! {
+            #allow_mut
+            let #pat = {
+                #(#clones)*
+                #call
+            };
+        }
+    } else {
+        quote! {
+            {
+                #(#clones)*
+                #call
+            };
+        }
+    }
+}

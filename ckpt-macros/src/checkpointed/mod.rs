@@ -1,0 +1,39 @@
+//! `#[checkpointed]`: parse (`parse.rs`) → analyze (`analysis.rs`: groups, liveness,
+//! side-effect rules) → expand (`expand.rs`).
+
+mod analysis;
+mod expand;
+mod parse;
+
+#[cfg(test)]
+mod tests;
+
+use proc_macro2::TokenStream;
+
+use crate::ctxt::Ctxt;
+
+/// Expands `#[checkpointed(args)] item`. On error, the function is emitted unchanged
+/// (less the `#[ckpt::allow]` markers) next to every error found, so IDEs keep working.
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut cx = Ctxt::default();
+    let args = parse::parse_args(args, &mut cx);
+    let func = match parse::parse_function(item.clone()) {
+        Ok(func) => func,
+        Err(e) => {
+            let mut out = item;
+            out.extend(e.into_compile_error());
+            return out;
+        }
+    };
+    let plan = analysis::analyze(&func, &args, &mut cx);
+    match (cx.finish(), plan) {
+        (Ok(()), Some(plan)) => expand::expand(&func, &args, &plan),
+        (result, _) => {
+            let mut out = expand::original(&func);
+            if let Err(e) = result {
+                out.extend(e.into_compile_error());
+            }
+            out
+        }
+    }
+}

@@ -1,0 +1,487 @@
+//! Parsing: the attribute's arguments, the annotated function, the `#[ckpt::allow(..)]`
+//! escape hatches and the `ckpt::cut!()` markers. Simple checks (unknown or duplicate
+//! keys, values out of range, receivers) happen here; rules spanning several statements
+//! are in `analysis.rs`.
+
+use proc_macro2::{Span, TokenStream};
+use syn::ext::IdentExt;
+use syn::parse::{ParseStream, Parser};
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::visit_mut::VisitMut;
+use syn::{
+    Attribute, Block, Expr, FnArg, Ident, LitBool, LitInt, Pat, Signature, Stmt, Token, Type,
+    Visibility,
+};
+
+use crate::ctxt::Ctxt;
+
+mod kw {
+    syn::custom_keyword!(segments);
+    syn::custom_keyword!(preserve_rng_state);
+    syn::custom_keyword!(determinism_check);
+}
+
+/// The arguments of `#[checkpointed(..)]`.
+#[derive(Debug, Default)]
+pub(crate) struct Args {
+    /// `segments = N`, with the span of `N`.
+    pub segments: Option<(usize, Span)>,
+    /// Whether a `segments` key was written (valid or not).
+    pub segments_given: bool,
+    /// `preserve_rng_state = bool` (default `true`).
+    pub preserve_rng_state: Option<bool>,
+    /// `determinism_check = bool` (default `true`).
+    pub determinism_check: Option<bool>,
+    /// Span of the whole argument list (the macro call when there is none).
+    pub span: Option<Span>,
+}
+
+const VALID_KEYS: &str = "`segments = N`, `preserve_rng_state = bool`, `determinism_check = bool`";
+
+/// Parses `key = value, ..`, collecting every error (unknown and duplicate keys, bad
+/// values) in `cx` and recovering at the next comma.
+pub(crate) fn parse_args(tokens: TokenStream, cx: &mut Ctxt) -> Args {
+    let mut args = Args {
+        span: (!tokens.is_empty()).then(|| tokens.span()),
+        ..Args::default()
+    };
+    let parser = |input: ParseStream| -> syn::Result<()> {
+        while !input.is_empty() {
+            if let Err(e) = parse_one(input, &mut args, cx) {
+                cx.push(e);
+                skip_to_comma(input)?;
+            }
+            if input.is_empty() {
+                break;
+            }
+            if let Err(e) = input.parse::<Token![,]>() {
+                cx.push(e);
+                skip_to_comma(input)?;
+                if !input.is_empty() {
+                    input.parse::<Token![,]>()?;
+                }
+            }
+        }
+        Ok(())
+    };
+    if let Err(e) = parser.parse2(tokens) {
+        cx.push(e);
+    }
+    args
+}
+
+fn skip_to_comma(input: ParseStream) -> syn::Result<()> {
+    input.step(|cursor| {
+        let mut rest = *cursor;
+        while let Some((tt, next)) = rest.token_tree() {
+            if let proc_macro2::TokenTree::Punct(p) = &tt
+                && p.as_char() == ','
+            {
+                return Ok(((), rest));
+            }
+            rest = next;
+        }
+        Ok(((), rest))
+    })
+}
+
+fn parse_one(input: ParseStream, args: &mut Args, cx: &mut Ctxt) -> syn::Result<()> {
+    let lookahead = input.lookahead1();
+    if lookahead.peek(kw::segments) {
+        let key: kw::segments = input.parse()?;
+        args.segments_given = true;
+        input.parse::<Token![=]>()?;
+        let n: LitInt = input.parse().map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                "`segments` takes a positive integer: `segments = 4`",
+            )
+        })?;
+        let value: usize = n.base10_parse()?;
+        if args.segments.is_some() {
+            cx.error_spanned_by(key, "duplicate argument `segments`");
+        } else if value == 0 {
+            cx.error_spanned_by(
+                &n,
+                "`segments = 0`: a function is cut into at least 2 segments (the last one runs inline, not checkpointed); use `segments = 2` or more",
+            );
+        } else if value == 1 {
+            cx.error_spanned_by(
+                &n,
+                "`segments = 1` would checkpoint nothing: the last segment runs inline, not checkpointed (as PyTorch's `checkpoint_sequential`); use `segments = 2` or more",
+            );
+        } else {
+            args.segments = Some((value, n.span()));
+        }
+        Ok(())
+    } else if lookahead.peek(kw::preserve_rng_state) {
+        let key: kw::preserve_rng_state = input.parse()?;
+        let value = parse_bool(input, "preserve_rng_state")?;
+        if args.preserve_rng_state.replace(value).is_some() {
+            cx.error_spanned_by(key, "duplicate argument `preserve_rng_state`");
+        }
+        Ok(())
+    } else if lookahead.peek(kw::determinism_check) {
+        let key: kw::determinism_check = input.parse()?;
+        let value = parse_bool(input, "determinism_check")?;
+        if args.determinism_check.replace(value).is_some() {
+            cx.error_spanned_by(key, "duplicate argument `determinism_check`");
+        }
+        Ok(())
+    } else if input.peek(Ident::peek_any) {
+        let key = input.call(Ident::parse_any)?;
+        Err(syn::Error::new(
+            key.span(),
+            format!("unknown argument `{key}`; expected one of {VALID_KEYS}"),
+        ))
+    } else {
+        Err(lookahead.error())
+    }
+}
+
+fn parse_bool(input: ParseStream, key: &str) -> syn::Result<bool> {
+    input.parse::<Token![=]>()?;
+    let value: LitBool = input.parse().map_err(|e| {
+        syn::Error::new(
+            e.span(),
+            format!("`{key}` takes `true` or `false`: `{key} = false`"),
+        )
+    })?;
+    Ok(value.value)
+}
+
+/// The annotated function, kept as syntax so the original can be emitted unchanged on
+/// error.
+pub(crate) struct Function {
+    pub attrs: Vec<Attribute>,
+    pub vis: Visibility,
+    pub sig: Signature,
+    pub block: Box<Block>,
+}
+
+/// Parses a function with a body (free function, inherent or trait method, trait default
+/// method).
+pub(crate) fn parse_function(item: TokenStream) -> syn::Result<Function> {
+    let parser = |input: ParseStream| -> syn::Result<Function> {
+        let attrs = input.call(Attribute::parse_outer)?;
+        let vis: Visibility = input.parse()?;
+        let sig: Signature = input.parse().map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                "`#[checkpointed]` applies to a function or a method with a body",
+            )
+        })?;
+        if input.peek(Token![;]) {
+            return Err(syn::Error::new_spanned(
+                &sig,
+                "`#[checkpointed]` needs a body to cut into segments; put it on the trait method's implementation, not its declaration",
+            ));
+        }
+        let block: Block = input.parse()?;
+        Ok(Function {
+            attrs,
+            vis,
+            sig,
+            block: Box::new(block),
+        })
+    };
+    parser.parse2(item)
+}
+
+/// How a parameter enters a checkpointed segment that uses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ParamKind {
+    /// Owned value (`xs: Tensor`, `train: bool`, `x: T`): through the stash, moved or
+    /// shallow-cloned.
+    Owned,
+    /// `&T` with `T` tensor data (`&Tensor`, `&Option<Tensor>`, `&Vec<..>`, tuples,
+    /// arrays, numbers): a shallow clone through the stash, rebound as `&T` inside.
+    RefData,
+    /// `&[T]`: a `Vec<T>` of shallow clones through the stash, rebound as `&[T]`.
+    RefSlice,
+    /// `&str`: a `String` through the stash, rebound as `&str`.
+    RefStr,
+    /// `&T` with any other `T` (a module): captured by one `ShallowClone` per call,
+    /// shared by the segments through `ckpt::Shared`.
+    Capture,
+    /// `&mut T`: cannot enter a checkpointed segment.
+    RefMut,
+}
+
+/// Type names that `&T` parameters go through the stash for (tensor data); other `&T`
+/// are captured as module state.
+const DATA_TYPES: &[&str] = &[
+    "Tensor", "Option", "Vec", "Box", "Kind", "Device", "String", "bool", "char", "i8", "i16",
+    "i32", "i64", "i128", "isize", "u8", "u16", "u32", "u64", "u128", "usize", "f32", "f64",
+];
+
+/// Classifies a parameter by the syntax of its type (the macro has no type information).
+pub(crate) fn param_kind(pat: &Pat, ty: &Type) -> ParamKind {
+    let Type::Reference(r) = ty else {
+        return ParamKind::Owned;
+    };
+    if r.mutability.is_some() {
+        return ParamKind::RefMut;
+    }
+    if !matches!(pat, Pat::Ident(_)) {
+        return ParamKind::Owned;
+    }
+    match &*r.elem {
+        Type::Slice(_) => ParamKind::RefSlice,
+        Type::Path(p) if p.qself.is_none() && p.path.is_ident("str") => ParamKind::RefStr,
+        Type::Path(p) if p.qself.is_none() => match p.path.segments.last() {
+            Some(last) if DATA_TYPES.iter().any(|t| last.ident == t) => ParamKind::RefData,
+            _ => ParamKind::Capture,
+        },
+        Type::Tuple(_) | Type::Array(_) => ParamKind::RefData,
+        Type::Paren(p) => param_kind(
+            pat,
+            &Type::Reference(syn::TypeReference {
+                elem: p.elem.clone(),
+                ..r.clone()
+            }),
+        ),
+        _ => ParamKind::Capture,
+    }
+}
+
+/// Checks the signature: `async`, `&mut self` and by-value `self` receivers are errors.
+/// Returns the span of `self` when the receiver is `&self`.
+pub(crate) fn check_signature(sig: &Signature, cx: &mut Ctxt) -> Option<Span> {
+    if let Some(a) = &sig.asyncness {
+        cx.error_spanned_by(
+            a,
+            "`#[checkpointed]` cannot cut an `async fn`: a segment is replayed in backward, outside any executor; make the function synchronous",
+        );
+    }
+    let receiver = sig.inputs.iter().find_map(|arg| match arg {
+        FnArg::Receiver(r) => Some(r),
+        FnArg::Typed(_) => None,
+    })?;
+    let is_ref_self = match (&receiver.reference, receiver.colon_token) {
+        (Some(_), None) => receiver.mutability.is_none(),
+        (None, Some(_)) => matches!(&*receiver.ty, Type::Reference(r)
+            if r.mutability.is_none() && matches!(&*r.elem, Type::Path(p) if p.path.is_ident("Self"))),
+        _ => false,
+    };
+    let is_mut = receiver.mutability.is_some()
+        || matches!(&*receiver.ty, Type::Reference(r) if r.mutability.is_some());
+    if is_ref_self {
+        Some(receiver.self_token.span)
+    } else {
+        if is_mut {
+            cx.error_spanned_by(
+                receiver,
+                "`#[checkpointed]` needs `&self`, not `&mut self`: a segment runs again in backward, so it must not mutate `self`; take `&self` and keep mutation outside the checkpointed function",
+            );
+        } else {
+            cx.error_spanned_by(
+                receiver,
+                "`#[checkpointed]` needs `&self`: a method taking `self` by value moves it into the first segment; take `&self`",
+            );
+        }
+        None
+    }
+}
+
+/// The side-effect rules, by the name used in `#[ckpt::allow(..)]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Rule {
+    /// Assignment or compound assignment to a place not bound inside the segment.
+    Assign,
+    /// In-place tensor op (`*_`, `f_*_`) on a value that enters the segment, or on `self`.
+    Inplace,
+    /// `println!`, `print!`, `eprintln!`, `eprint!`, `dbg!`, `write!`, `writeln!`.
+    Io,
+    /// `unsafe` blocks.
+    Unsafe,
+    /// Interior mutability or collection mutation on a value from outside the segment.
+    Mutation,
+    /// Randomness outside libtorch (`rand::`, `thread_rng`).
+    Rng,
+}
+
+impl Rule {
+    pub(crate) const ALL: [Rule; 6] = [
+        Rule::Assign,
+        Rule::Inplace,
+        Rule::Io,
+        Rule::Unsafe,
+        Rule::Mutation,
+        Rule::Rng,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Rule::Assign => "assign",
+            Rule::Inplace => "inplace",
+            Rule::Io => "io",
+            Rule::Unsafe => "unsafe",
+            Rule::Mutation => "mutation",
+            Rule::Rng => "rng",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Rule> {
+        Rule::ALL.into_iter().find(|r| r.name() == name)
+    }
+}
+
+fn is_ckpt_path(path: &syn::Path, last: &str) -> bool {
+    path.segments.len() == 2 && path.segments[0].ident == "ckpt" && path.segments[1].ident == last
+}
+
+/// Whether `attr` is `#[ckpt::allow(..)]`.
+pub(crate) fn is_allow_attr(attr: &Attribute) -> bool {
+    is_ckpt_path(attr.path(), "allow")
+}
+
+/// The rules a statement's `#[ckpt::allow(..)]` attributes name; unknown names are errors
+/// listing the valid ones.
+pub(crate) fn allowed_rules(attrs: &[&Attribute], cx: &mut Ctxt) -> Vec<Rule> {
+    let mut rules = Vec::new();
+    for attr in attrs.iter().copied().filter(|a| is_allow_attr(a)) {
+        let names = attr.parse_args_with(|input: ParseStream| {
+            Punctuated::<Ident, Token![,]>::parse_terminated_with(input, Ident::parse_any)
+        });
+        match names {
+            Ok(names) if names.is_empty() => cx.error_spanned_by(
+                attr,
+                format!(
+                    "`#[ckpt::allow(..)]` names the rules it lifts: {}",
+                    rule_list()
+                ),
+            ),
+            Ok(names) => {
+                for name in names {
+                    match Rule::from_name(&name.to_string()) {
+                        Some(rule) => rules.push(rule),
+                        None => cx.error_spanned_by(
+                            &name,
+                            format!(
+                                "unknown rule `{name}` in `#[ckpt::allow]`; expected one of {}",
+                                rule_list()
+                            ),
+                        ),
+                    }
+                }
+            }
+            Err(_) => cx.error_spanned_by(
+                attr,
+                format!(
+                    "expected `#[ckpt::allow(rule, ..)]` with rules among {}",
+                    rule_list()
+                ),
+            ),
+        }
+    }
+    rules
+}
+
+fn rule_list() -> String {
+    Rule::ALL
+        .iter()
+        .map(|r| format!("`{}`", r.name()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether a statement is a `ckpt::cut!()` marker.
+pub(crate) fn as_cut_marker(stmt: &Stmt) -> Option<&syn::Macro> {
+    match stmt {
+        Stmt::Macro(m) if is_cut_macro(&m.mac) => Some(&m.mac),
+        Stmt::Expr(Expr::Macro(m), _) if is_cut_macro(&m.mac) => Some(&m.mac),
+        _ => None,
+    }
+}
+
+/// Whether a macro invocation is `ckpt::cut!` (or `::ckpt::cut!`).
+pub(crate) fn is_cut_macro(mac: &syn::Macro) -> bool {
+    is_ckpt_path(&mac.path, "cut")
+}
+
+/// The attributes of an expression (shared by all `Expr` variants).
+pub(crate) fn expr_attrs(expr: &Expr) -> &[Attribute] {
+    macro_rules! pick {
+        ($($v:ident)*) => {
+            match expr {
+                $(Expr::$v(e) => &e.attrs,)*
+                _ => &[],
+            }
+        };
+    }
+    pick!(Array Assign Async Await Binary Block Break Call Cast Closure Const Continue Field
+        ForLoop Group If Index Infer Let Lit Loop Macro Match MethodCall Paren Path Range RawAddr
+        Reference Repeat Return Struct Try TryBlock Tuple Unary Unsafe While Yield)
+}
+
+fn expr_attrs_mut(expr: &mut Expr) -> Option<&mut Vec<Attribute>> {
+    macro_rules! pick {
+        ($($v:ident)*) => {
+            match expr {
+                $(Expr::$v(e) => Some(&mut e.attrs),)*
+                _ => None,
+            }
+        };
+    }
+    pick!(Array Assign Async Await Binary Block Break Call Cast Closure Const Continue Field
+        ForLoop Group If Index Infer Let Lit Loop Macro Match MethodCall Paren Path Range RawAddr
+        Reference Repeat Return Struct Try TryBlock Tuple Unary Unsafe While Yield)
+}
+
+/// The attributes of a statement (where `#[ckpt::allow(..)]` goes). For an expression
+/// statement, syn attaches outer attributes to the leftmost operand (`#[a] x += 1` puts
+/// `#[a]` on `x`), so the attributes along the leftmost spine are collected.
+pub(crate) fn stmt_attrs(stmt: &Stmt) -> Vec<&Attribute> {
+    match stmt {
+        Stmt::Local(l) => l.attrs.iter().collect(),
+        Stmt::Macro(m) => m.attrs.iter().collect(),
+        Stmt::Expr(e, _) => {
+            let mut attrs = Vec::new();
+            let mut e = e;
+            loop {
+                attrs.extend(expr_attrs(e));
+                e = match e {
+                    Expr::Assign(x) => &x.left,
+                    Expr::Binary(x) => &x.left,
+                    Expr::MethodCall(x) => &x.receiver,
+                    Expr::Field(x) => &x.base,
+                    Expr::Index(x) => &x.expr,
+                    Expr::Call(x) => &x.func,
+                    Expr::Cast(x) => &x.expr,
+                    Expr::Try(x) => &x.expr,
+                    Expr::Await(x) => &x.base,
+                    Expr::Range(syn::ExprRange { start: Some(x), .. }) => x,
+                    _ => break,
+                };
+            }
+            attrs
+        }
+        Stmt::Item(_) => Vec::new(),
+    }
+}
+
+/// Removes every `#[ckpt::allow(..)]` from a statement, at any depth: they are markers
+/// for this macro, and rustc would reject them as custom attributes on statements.
+pub(crate) fn strip_allow_attrs(stmt: &mut Stmt) {
+    struct Strip;
+    impl VisitMut for Strip {
+        fn visit_local_mut(&mut self, l: &mut syn::Local) {
+            l.attrs.retain(|a| !is_allow_attr(a));
+            syn::visit_mut::visit_local_mut(self, l);
+        }
+        fn visit_stmt_macro_mut(&mut self, m: &mut syn::StmtMacro) {
+            m.attrs.retain(|a| !is_allow_attr(a));
+            syn::visit_mut::visit_stmt_macro_mut(self, m);
+        }
+        fn visit_expr_mut(&mut self, e: &mut Expr) {
+            if let Some(attrs) = expr_attrs_mut(e) {
+                attrs.retain(|a| !is_allow_attr(a));
+            }
+            syn::visit_mut::visit_expr_mut(self, e);
+        }
+        fn visit_item_mut(&mut self, _: &mut syn::Item) {}
+    }
+    Strip.visit_stmt_mut(stmt);
+}

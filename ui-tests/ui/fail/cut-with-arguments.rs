@@ -1,0 +1,11 @@
+use ckpt::checkpointed;
+use tch::Tensor;
+
+#[checkpointed]
+fn f(xs: &Tensor) -> Tensor {
+    let ys = xs.relu();
+    ckpt::cut!(here);
+    ys.tanh()
+}
+
+fn main() {}

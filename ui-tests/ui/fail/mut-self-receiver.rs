@@ -1,0 +1,17 @@
+use ckpt::checkpointed;
+use tch::{nn, nn::Module, Tensor};
+
+#[derive(Debug, ckpt::ShallowClone)]
+struct Model {
+    lin: nn::Linear,
+}
+
+impl Model {
+    #[checkpointed(segments = 2)]
+    fn forward(&mut self, xs: &Tensor) -> Tensor {
+        let ys = self.lin.forward(xs);
+        ys.tanh()
+    }
+}
+
+fn main() {}

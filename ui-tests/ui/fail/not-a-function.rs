@@ -1,0 +1,6 @@
+use ckpt::checkpointed;
+
+#[checkpointed(segments = 2)]
+struct Model;
+
+fn main() {}
