@@ -116,6 +116,7 @@ pub(crate) fn expand(func: &Function, args: &Args, plan: &Plan<'_>) -> TokenStre
     let Function {
         attrs, vis, sig, ..
     } = func;
+    let sig = &allow_unused_mut_params(sig);
     let count = plan.groups.len();
     let items = plan.items.iter().map(|s| emit_stmt(s, false));
 
@@ -161,6 +162,23 @@ pub(crate) fn expand(func: &Function, args: &Args, plan: &Plan<'_>) -> TokenStre
             #(#inline)*
         }
     }
+}
+
+/// A `mut` parameter that a segment takes over is rebound (with its `mut`) inside the
+/// segment, so the parameter's own `mut` may go unused in the expansion: silence that
+/// lint on exactly those parameters, so users with `-D warnings` see no warning that
+/// their code does not have.
+fn allow_unused_mut_params(sig: &syn::Signature) -> syn::Signature {
+    let mut sig = sig.clone();
+    for input in &mut sig.inputs {
+        if let syn::FnArg::Typed(pat_type) = input
+            && let syn::Pat::Ident(pat) = &*pat_type.pat
+            && pat.mutability.is_some()
+        {
+            pat_type.attrs.push(syn::parse_quote!(#[allow(unused_mut)]));
+        }
+    }
+    sig
 }
 
 fn capture_ident(param: &Ident) -> Ident {
