@@ -475,6 +475,22 @@ void install_counting_allocator() {
   });
 }
 
+// The allocator is swapped when the program loads, before any tensor op can run. A swap
+// later, while another thread is between a `raw_allocate` of the old allocator and the
+// matching `raw_deallocate` (some kernels pair them for scratch memory), would hand our
+// deleter a block it did not allocate. libc10's own static initialisers (which register
+// the default CPU allocator) run before this one, as it is a dependency of the binary.
+struct InstallAtLoad {
+  InstallAtLoad() {
+    try {
+      install_counting_allocator();
+    } catch (...) {
+      // Counting stays off; nothing else depends on it.
+    }
+  }
+};
+InstallAtLoad g_install_at_load;
+
 c10::DeviceAllocator* cuda_allocator() {
   check(cuda_present(), "CUDA is not available (no CUDA device, or libtorch_cuda is not loaded)");
   return c10::getDeviceAllocator(c10::DeviceType::CUDA);

@@ -2,12 +2,12 @@
 //!
 //! - **CPU**: a counting wrapper around libtorch's CPU allocator (`c10::SetCPUAllocator`)
 //!   adds the requested size of every tensor allocation and subtracts it when the
-//!   storage is freed. The wrapper is installed by the first call into this module or the
-//!   first checkpoint; storage allocated before that is not counted (call [`enable`]
-//!   at the start of `main` to count everything). The figures are the bytes tensors asked
-//!   for: exact and deterministic for a given program, which is why tests may assert
-//!   them. Allocator overhead and non-tensor memory (oneDNN scratch buffers, the Rust
-//!   heap) are not included.
+//!   storage is freed. It is installed when the program loads (a static initialiser of
+//!   `ckpt-runtime`'s C++ part, before any tensor op can run), so every CPU tensor is
+//!   counted. The figures are the bytes tensors asked for: exact and deterministic for a
+//!   given program, which is why tests may assert them. Allocator overhead (a 64-byte
+//!   header per allocation, not counted) and non-tensor memory (oneDNN scratch buffers,
+//!   the Rust heap) are not included.
 //! - **CUDA**: the caching allocator's own statistics
 //!   (`c10::CachingDeviceAllocator::DeviceStats::allocated_bytes`, aggregate pool), the
 //!   numbers behind `torch.cuda.memory_allocated` / `max_memory_allocated`.
@@ -37,8 +37,9 @@ pub struct PeakReport {
     pub retained_bytes: i64,
 }
 
-/// Starts counting CPU tensor allocations (idempotent; also done by every other call here
-/// and by the first checkpoint).
+/// Makes sure CPU tensor allocations are counted. Counting starts when the program
+/// loads, so this is only needed where that static initialiser could not run (it is
+/// idempotent and cheap).
 pub fn enable() {
     ffi::memory_enable();
 }
