@@ -180,6 +180,241 @@ pub use ckpt_macros::checkpointed;
 /// ```
 pub use ckpt_macros::ShallowClone;
 
+/// Declares a model — the struct, its constructor and its forward chain — in one place,
+/// optionally checkpointed.
+///
+/// A tch model is three things kept in step by hand: a struct of layers, a constructor
+/// that builds each layer under an `nn::Path`, and a `forward` that chains them. `model!`
+/// declares the three at once:
+///
+/// ```
+/// use tch::nn::{self, Module};
+/// use tch::{Device, Kind, Tensor};
+///
+/// pub struct MlpConfig {
+///     pub d_in: i64,
+///     pub hidden: i64,
+///     pub classes: i64,
+/// }
+///
+/// ckpt::model! {
+///     /// A perceptron: `[batch, d_in]` → logits `[batch, classes]`.
+///     pub struct Mlp(p, cfg: &MlpConfig) {
+///         fc1: nn::Linear = nn::linear(p, cfg.d_in, cfg.hidden, Default::default()),
+///         relu,
+///         fc2: nn::Linear = nn::linear(p, cfg.hidden, cfg.classes, Default::default()),
+///     }
+/// }
+///
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let mlp = Mlp::new(vs.root(), &MlpConfig { d_in: 8, hidden: 32, classes: 3 });
+/// let logits = mlp.forward(&Tensor::randn([4, 8], (Kind::Float, Device::Cpu)));
+/// assert_eq!(logits.size(), [4, 3]);
+/// let mut names: Vec<String> = vs.variables().into_keys().collect();
+/// names.sort();
+/// assert_eq!(names, ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]);
+/// ```
+///
+/// is the model a tch user writes by hand as
+///
+/// ```
+/// # use tch::nn::{self, Module};
+/// # use tch::Tensor;
+/// # pub struct MlpConfig { pub d_in: i64, pub hidden: i64, pub classes: i64 }
+/// #[derive(Debug)]
+/// pub struct Mlp {
+///     fc1: nn::Linear,
+///     fc2: nn::Linear,
+/// }
+///
+/// impl Mlp {
+///     pub fn new(p: &nn::Path, cfg: &MlpConfig) -> Self {
+///         Mlp {
+///             fc1: nn::linear(p / "fc1", cfg.d_in, cfg.hidden, Default::default()),
+///             fc2: nn::linear(p / "fc2", cfg.hidden, cfg.classes, Default::default()),
+///         }
+///     }
+/// }
+///
+/// impl Module for Mlp {
+///     fn forward(&self, xs: &Tensor) -> Tensor {
+///         xs.apply(&self.fc1).relu().apply(&self.fc2)
+///     }
+/// }
+/// ```
+///
+/// with the same variable names, so the two save and load each other's weight files
+/// (`VarStore::save` / `load`), plus `ShallowClone` and one line of
+/// `#[checkpointed(segments = N)]` away from activation checkpointing.
+///
+/// # The declaration
+///
+/// ```text
+/// model! {
+///     /// docs, #[checkpointed(..)], other attributes of the struct
+///     VIS struct NAME<GENERICS>(p, ARG: TYPE, ..) where .. {
+///         ITEM, ITEM, ..
+///     }
+/// }
+/// ```
+///
+/// - **`struct NAME(p, cfg: &Config, ..)`**: the parameters are the constructor's,
+///   `NAME::new(p, cfg, ..)` (with the struct's visibility). The first names the
+///   `nn::Path` the variables are created under; untyped, `new` takes any
+///   `Borrow<nn::Path>` (`vs.root()`, `&vs.root()`, `vs.root() / "encoder"`), or give it
+///   a type (`p: &nn::Path`). The others are ordinary parameters (a configuration, sizes,
+///   a module to wrap). Generics, const generics and `where` clauses are those of the
+///   struct.
+/// - **Items** are built in order by `new`; the *stages* among them form the forward
+///   chain, in order: each maps the previous stage's output `xs: Tensor` to a `Tensor`.
+///
+/// # Stages
+///
+/// | item | field | applied as |
+/// |---|---|---|
+/// | `fc: nn::Linear = nn::linear(p, 4, 8, Default::default())` | `fc: nn::Linear` | `Module::forward(&self.fc, &xs)` |
+/// | `#[train] bn: nn::BatchNorm = nn::batch_norm1d(p, 8, Default::default())` | `bn` | `ModuleT::forward_t(&self.bn, &xs, train)` |
+/// | `blocks: [Block; cfg.layers] = Block::new(p, cfg)` | `blocks: Vec<Block>` | each block in turn |
+/// | `blocks: [Block; n] = \|i\| Block::new(p, i)` | `blocks: Vec<Block>` | the builder gets the index |
+/// | `layer: T = init => \|layer, xs\| layer.forward(xs, &mask)` | `layer: T` | the closure, `layer: &T`, `xs: &Tensor` |
+/// | `layer: T = init => \|layer, xs, train\| ..` | `layer: T` | the closure, with the train flag |
+/// | `relu`, `gelu`, `tanh`, `sigmoid`, `silu` | — | `xs.relu()`, `xs.gelu("none")`, .. |
+/// | `dropout(p)` | (hidden, `p` is evaluated by `new`) | `xs.dropout(p, train)` |
+/// | `my_fn`, `Tensor::relu` (a path) | — | `my_fn(&xs)` |
+/// | `#[train] my_fn` | — | `my_fn(&xs, train)` |
+/// | `\|xs\| xs * 2.0` | — | the closure on `&xs` |
+/// | `\|xs, train\| xs.dropout(0.5, train)` | — | with the train flag |
+///
+/// **Paths: variable names follow field names.** In a stage's constructor expression `p`
+/// is the stage's own path, `root / "fc"` (for repeated layers `root / "blocks" / i`),
+/// so the variables are `fc.weight`, `blocks.0.lin.bias`, .. — the names a hand-written
+/// model gets from `p / "fc"`. `p` is an owned `nn::Path`: pass it on (`Block::new(p,
+/// cfg)`) or borrow it (`&p / "sub"`). The counts of repeated layers are evaluated by
+/// `new`, so they may come from the configuration (`usize` or any integer type).
+///
+/// **`ModuleT` or `Module`, never both.** A model with a stage that takes the train flag
+/// (`#[train]`, `dropout(p)`, a closure with a `train` parameter, a per-call value that
+/// mentions `train`) implements `ModuleT`; otherwise it implements `Module`, and
+/// `ModuleT` comes from tch's blanket `impl<T: Module> ModuleT for T`. A layer that
+/// implements only `ModuleT` without `#[train]` is a compile error on its type that says
+/// so.
+///
+/// Closures and apply closures are compiled into the model's methods: they can use
+/// `self` (`self.pos`) and the per-call values below, but not the constructor's
+/// parameters (store what the forward needs in a `#[field]`).
+///
+/// # Per-call values and fields
+///
+/// - **`let name: Type = expr`**, before the stages: a value computed once per forward
+///   call from the model's input `xs: &Tensor` (and `train: bool`, and `self`), visible
+///   to every later stage by name — a padding mask, sequence lengths, positions. Inside
+///   a stage it is a shallow clone of the value, of the declared type. The type is
+///   required (the value is handed to every stage and segment); it must implement
+///   `ShallowClone`, and [`Stash`] when the model is checkpointed: checkpointed segments
+///   receive it in their stash, so gradients flow through it.
+/// - **`#[field] name: Type = expr`**: a field that is not a stage — a learned tensor
+///   used by a closure, a hyperparameter. Here `p` is the *model's* path, so a raw
+///   parameter names itself (`p.var("pos", ..)` is `pos`, as in a hand-written model).
+///
+/// Fields may carry doc comments and a visibility (`pub fc: nn::Linear = ..`).
+///
+/// A transformer encoder, with its block as an ordinary struct (`examples/encoder.rs`):
+///
+/// ```
+/// # use tch::nn::{self, ModuleT};
+/// # use tch::{Device, Kind, Tensor};
+/// # #[derive(Debug, ckpt::ShallowClone)]
+/// # pub struct Block { lin: nn::Linear }
+/// # impl Block {
+/// #     fn new(p: nn::Path, c: &Config) -> Self {
+/// #         Block { lin: nn::linear(p, c.d_model, c.d_model, Default::default()) }
+/// #     }
+/// #     fn forward(&self, xs: &Tensor, pad: &Tensor, train: bool) -> Tensor {
+/// #         let keep = pad.logical_not().unsqueeze(-1).to_kind(Kind::Float);
+/// #         (xs + xs.apply(&self.lin).relu() * keep).dropout(0.1, train)
+/// #     }
+/// # }
+/// pub struct Config {
+///     pub vocab: i64, pub classes: i64, pub seq_len: i64, pub layers: usize,
+///     pub d_model: i64, pub dropout: f64,
+/// }
+///
+/// ckpt::model! {
+///     /// Token ids `[batch, seq]` (0 = padding) → logits `[batch, classes]`.
+///     #[checkpointed(segments = 3)]
+///     pub struct Encoder(p, c: &Config) {
+///         let pad: Tensor = xs.eq(0),
+///         let keep: Tensor = xs.ne(0).unsqueeze(-1).to_kind(Kind::Float),
+///         #[field] pos: Tensor = p.randn("pos", &[c.seq_len, c.d_model], 0.0, 0.02),
+///         tok: nn::Embedding = nn::embedding(p, c.vocab, c.d_model, Default::default())
+///             => |tok, ids| ids.apply(tok) + self.pos.narrow(0, 0, ids.size()[1]),
+///         dropout(c.dropout),
+///         blocks: [Block; c.layers] = Block::new(p, c)
+///             => |b, xs, train| b.forward(xs, &pad, train),
+///         ln_f: nn::LayerNorm = nn::layer_norm(p, vec![c.d_model], Default::default()),
+///         |xs| (xs * &keep).sum_dim_intlist(1, false, Kind::Float)
+///             / keep.sum_dim_intlist(1, false, Kind::Float),
+///         head: nn::Linear = nn::linear(p, c.d_model, c.classes, Default::default()),
+///     }
+/// }
+///
+/// let c = Config { vocab: 20, classes: 3, seq_len: 8, layers: 4, d_model: 16, dropout: 0.1 };
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let model = Encoder::new(vs.root(), &c);
+/// let ids = Tensor::randint_low(1, c.vocab, [2, c.seq_len], (Kind::Int64, Device::Cpu));
+/// let logits = model.forward_t(&ids, true);
+/// assert_eq!(logits.size(), [2, 3]);
+/// logits.sum(Kind::Float).backward(); // segments 2 and 1 are recomputed here
+/// ```
+///
+/// # Checkpointing
+///
+/// `#[checkpointed(segments = N)]` on the declaration cuts the *expanded* chain — every
+/// repeated layer counted on its own — into `N` segments with the semantics of
+/// [`checkpoint_sequential`]: the ranges come from [`sequential_segments`]`(len, N)` at
+/// run time (the number of repeated layers is only known then): every segment has
+/// `len / N` stages but the last, which takes the rest and is **not** checkpointed (its
+/// activations are needed at once). The encoder above has 9 stages (`tok`, `dropout`,
+/// 4 blocks, `ln_f`, the pooling closure, `head`): segments `0..3 | 3..6 | 6..9`. A
+/// stack of 6 blocks alone with `segments = 3` has 2 blocks a segment. `segments = 1`
+/// checkpoints nothing; `N` larger than the chain is clamped to its length.
+///
+/// Each forward call takes one [`ShallowClone`] of the model (sharing its parameters),
+/// shared by the segments through [`Shared`]; each checkpointed segment stashes the
+/// chain's tensor at its start and the per-call values, and backward recomputes it from
+/// them, with the same random-number state (dropout masks) when `preserve_rng_state`.
+/// Outputs and gradients equal those of the unannotated model, bit for bit on CPU.
+///
+/// - `preserve_rng_state = bool` (default `true`), `determinism_check = bool` (default
+///   `true`): as [`CheckpointOptions`].
+/// - Segments are named in [`CkptError`] messages, for example
+///   ``Encoder::forward_t segment 1 of 3: stages 0..3, `tok` to `blocks[0]` (src/m.rs:12)``.
+/// - Stages must be side-effect free, as for [`checkpointed`]: they run twice.
+/// - Type parameters of a checkpointed model need `ShallowClone + Send + 'static`
+///   (added to the generated impls' bounds).
+/// - `segments = auto` and `budget = ".."` (choosing the cuts from a profile of the
+///   stages) are not yet supported: a compile error says so.
+///
+/// # What is generated
+///
+/// The struct (the items' fields, with their docs and visibility; plus a hidden `f64`
+/// per `dropout(p)`), `new`, `Module` or `ModuleT`, [`ShallowClone`] (stages by
+/// `ShallowClone`, `#[field]`s by `ShallowClone` or else `Clone`) and `Debug` (the
+/// fields) — so do not derive `Debug` or `ShallowClone` yourself. Every stage's type must implement `ShallowClone`: wrap a layer that cannot
+/// (tch's `nn::LSTM`) in [`Shared`]. Hidden inherent methods `__ckpt_*` run the chain one
+/// stage at a time.
+///
+/// # Errors
+///
+/// Malformed declarations are compile errors on the offending tokens, all reported in
+/// one compile (the struct and stub impls are still emitted, so the code using the model
+/// reports nothing more): unknown stage syntax, duplicate fields, a stage or field
+/// without its constructor, closures with the wrong parameters, built-ins with wrong
+/// arguments, misplaced `#[train]`/`#[field]`, per-call values without a type or after a
+/// stage, no stage at all, bad `#[checkpointed]` arguments (unknown or duplicate keys,
+/// `segments = 0`, missing `segments`, wrong value types).
+pub use ckpt_macros::model;
+
 /// An explicit cut between two statements of a `#[checkpointed]` function (use it
 /// instead of `segments = N`).
 ///

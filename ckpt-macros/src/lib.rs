@@ -7,6 +7,7 @@
 
 mod checkpointed;
 mod ctxt;
+mod model;
 mod shallow_clone;
 
 use proc_macro::TokenStream;
@@ -23,4 +24,11 @@ pub fn checkpointed(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_derive(ShallowClone)]
 pub fn derive_shallow_clone(input: TokenStream) -> TokenStream {
     shallow_clone::expand(input.into()).into()
+}
+
+/// Declares a model — struct, constructor and forward chain — in one place, optionally
+/// checkpointed; see `ckpt::model` for the syntax and examples.
+#[proc_macro]
+pub fn model(input: TokenStream) -> TokenStream {
+    model::expand(input.into()).into()
 }
