@@ -19,7 +19,6 @@
 #include <c10/core/alignment.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 
@@ -369,22 +368,31 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
                   seg->outputs.size());
     }
 
-    std::vector<at::Tensor> roots, root_grads;
+    // Backpropagate from the recomputed outputs through edges, so the outputs themselves
+    // can be dropped first: the recomputed graph keeps whatever its backward needs, and
+    // an output it does not need (say, the sum at the end of a residual block) would
+    // otherwise stay allocated through the whole backward of the segment.
+    torch::autograd::edge_list roots;
+    variable_list root_grads;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (i < grads.size() && grads[i].defined() && outs[i].requires_grad()) {
-        roots.push_back(outs[i]);
+        roots.push_back(torch::autograd::impl::gradient_edge(outs[i]));
         root_grads.push_back(grads[i]);
       }
     }
+    outs.clear();
+    saved.clear();
 
     // Gradients: dummy, one per input, then the two non-tensor arguments.
     variable_list result(1 + detached.size() + 2);
     if (roots.empty()) return result;
 
+    auto& engine = torch::autograd::Engine::get_default_engine();
     if (accumulate) {
       // loss.backward(): backpropagate through the recomputed graph. Parameters
       // captured by the closure accumulate their .grad here, as without checkpointing.
-      torch::autograd::backward(roots, root_grads, create_graph, create_graph);
+      engine.execute(roots, root_grads, /*keep_graph=*/create_graph, create_graph,
+                     /*accumulate_grad=*/true);
       for (size_t i = 0; i < detached.size(); ++i) {
         if (detached[i].requires_grad()) result[1 + i] = detached[i].grad();
       }
@@ -392,17 +400,17 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       // run_backward / autograd.grad with explicit inputs: nothing may accumulate into
       // .grad, so only the gradients of the stash are computed; tensors captured by
       // the closure (parameters) are not reachable this way.
-      std::vector<at::Tensor> wanted;
+      torch::autograd::edge_list wanted;
       std::vector<size_t> index;
       for (size_t i = 0; i < detached.size(); ++i) {
         if (detached[i].requires_grad()) {
-          wanted.push_back(detached[i]);
+          wanted.push_back(torch::autograd::impl::gradient_edge(detached[i]));
           index.push_back(i);
         }
       }
       if (!wanted.empty()) {
-        auto gs = torch::autograd::grad(roots, wanted, root_grads, create_graph, create_graph,
-                                        /*allow_unused=*/true);
+        auto gs = engine.execute(roots, root_grads, /*keep_graph=*/create_graph, create_graph,
+                                 /*accumulate_grad=*/false, wanted);
         for (size_t k = 0; k < index.size(); ++k) result[1 + index[k]] = gs[k];
       }
     }
