@@ -1,0 +1,491 @@
+//! Train a transformer encoder classifier with and without activation checkpointing and
+//! compare peak memory, time and numbers: `ckpt`'s main program.
+//!
+//! ```text
+//! cargo run --release --example train_classifier              # ListOps, plain vs 3 segments
+//! cargo run --release --example train_classifier -- --quick   # the same, 4 steps (< 90 s on 2 cores)
+//! cargo run --release --example train_classifier -- --sweep --quick     # segments 1..=layers, PNG + CSV
+//! cargo run --release --example train_classifier -- --data aclImdb      # IMDB-layout corpus
+//! cargo run --release --example train_classifier -- --device cuda --json out.json
+//! ```
+//!
+//! Both runs start from the same seed: same weights, same batches, same dropout masks
+//! (the checkpointed segments replay dropout with the saved RNG state), so on CPU with
+//! the same thread count their gradients and losses are bit-identical and the table
+//! shows only what checkpointing changes: peak tensor memory (exact bytes from
+//! `ckpt::memory`) and time. The runs take turns step by step (`--sequential` to train
+//! one after the other), so load from other processes slows both alike. Modules: [`listops`] and [`text`] make the data, [`model`]
+//! the network, [`train`] the runs and measurements, [`report`] the outputs.
+
+mod data;
+mod listops;
+mod model;
+mod report;
+mod text;
+mod train;
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use anyhow::{Context, Result, ensure};
+use clap::{Parser, ValueEnum};
+use indicatif::MultiProgress;
+use tch::Device;
+
+use crate::listops::ListOpsConfig;
+use crate::model::{ModelConfig, Strategy};
+use crate::report::{ConfigJson, Report, RunJson};
+use crate::text::VocabConfig;
+use crate::train::{Schedule, TrainConfig};
+
+/// Which runs to make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// Plain, then checkpointed, from the same seed, and compare.
+    Both,
+    /// Only the plain run.
+    Plain,
+    /// Only the checkpointed run.
+    Checkpointed,
+}
+
+/// `--device`: `cpu`, `cuda`, `cuda:N` or `auto` (CUDA device 0 when available).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DeviceArg {
+    Cpu,
+    Cuda(usize),
+    Auto,
+}
+
+impl FromStr for DeviceArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(DeviceArg::Cpu),
+            "cuda" => Ok(DeviceArg::Cuda(0)),
+            "auto" => Ok(DeviceArg::Auto),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|i| i.parse().ok())
+                .map(DeviceArg::Cuda)
+                .ok_or_else(|| format!("`{s}`: expected cpu, cuda, cuda:N or auto")),
+        }
+    }
+}
+
+impl DeviceArg {
+    fn resolve(self) -> Result<Device> {
+        match self {
+            DeviceArg::Cpu => Ok(Device::Cpu),
+            DeviceArg::Auto => Ok(if tch::Cuda::is_available() {
+                Device::Cuda(0)
+            } else {
+                Device::Cpu
+            }),
+            DeviceArg::Cuda(i) => {
+                let count = if tch::Cuda::is_available() {
+                    tch::Cuda::device_count() as usize
+                } else {
+                    0
+                };
+                ensure!(
+                    i < count,
+                    "--device cuda:{i}: CUDA is not available here ({count} CUDA device(s) \
+                     visible to libtorch; a CPU-only libtorch sees none)"
+                );
+                Ok(Device::Cuda(i))
+            }
+        }
+    }
+}
+
+fn device_name(device: Device) -> String {
+    match device {
+        Device::Cuda(i) => format!("cuda:{i}"),
+        _ => "cpu".to_owned(),
+    }
+}
+
+/// Train a transformer encoder classifier plain and with activation checkpointing
+/// (ckpt::checkpoint_sequential_t), and compare peak tensor memory, step time, accuracy
+/// and gradients.
+///
+/// Data: ListOps generated from --seed (default), or a folder-per-class text corpus in
+/// the aclImdb layout (--data DIR). Defaults: 6 layers, 4 heads, d_model 256, ff 1024,
+/// seq 256, batch 16, 384 training examples (24 steps) a run, about 1.5 minutes on 2
+/// CPU cores. --quick: the same model and shapes (so the same peak memory), 4 steps.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about)]
+struct Args {
+    /// Which runs to make.
+    #[arg(long, value_enum, default_value_t = Mode::Both)]
+    mode: Mode,
+    /// Segments of checkpoint_sequential over the blocks; the last one is not
+    /// checkpointed, so 3 segments over 6 blocks checkpoint blocks 0-1 and 2-3.
+    #[arg(long, default_value_t = 3)]
+    segments: usize,
+    /// Train the runs one after the other instead of taking turns step by step
+    /// (interleaving keeps the time comparison fair when other processes load the
+    /// machine; the numbers are the same either way).
+    #[arg(long)]
+    sequential: bool,
+    /// Run segments = 1 (plain) ..= layers and write sweep.png and sweep.csv into
+    /// --out-dir (memory against time); combine with --quick for a fast curve.
+    #[arg(long, conflicts_with_all = ["mode", "segments"])]
+    sweep: bool,
+    /// Folder for the sweep's PNG and CSV.
+    #[arg(long, value_name = "DIR", default_value = "target/train_classifier")]
+    out_dir: PathBuf,
+    /// Short preset that finishes in under 90 s on a 2-core CPU: the default shapes
+    /// (so the same peak memory), 64 training examples (4 steps) and 32 test examples;
+    /// explicit flags still win.
+    #[arg(long)]
+    quick: bool,
+    /// Folder-per-class text corpus in the aclImdb layout (DIR/train/<class>/*.txt,
+    /// DIR/test/<class>/*.txt) instead of ListOps.
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    /// cpu, cuda, cuda:N or auto (CUDA when available).
+    #[arg(long, default_value = "auto")]
+    device: DeviceArg,
+    /// libtorch intra-op threads (default: libtorch's choice, one per core).
+    #[arg(long)]
+    threads: Option<i32>,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+
+    /// Encoder blocks.
+    #[arg(long, default_value_t = 6, help_heading = "Model")]
+    layers: usize,
+    /// Attention heads (d_model must be a multiple).
+    #[arg(long, default_value_t = 4, help_heading = "Model")]
+    heads: i64,
+    /// Width of the residual stream.
+    #[arg(long, default_value_t = 256, help_heading = "Model")]
+    d_model: i64,
+    /// Width of the feed-forward layer.
+    #[arg(long, default_value_t = 1024, help_heading = "Model")]
+    ff: i64,
+    /// Dropout probability.
+    #[arg(long, default_value_t = 0.1, help_heading = "Model")]
+    dropout: f64,
+
+    /// Tokens a row, padded or truncated [default: 256].
+    #[arg(long, help_heading = "Training")]
+    seq_len: Option<usize>,
+    /// Rows a step [default: 16].
+    #[arg(long, help_heading = "Training")]
+    batch_size: Option<usize>,
+    /// Training examples (steps an epoch = train-size / batch-size, the last partial
+    /// batch dropped) [default: 384; --quick: 64].
+    #[arg(long, help_heading = "Training")]
+    train_size: Option<usize>,
+    /// Test examples [default: 256; --quick: 32].
+    #[arg(long, help_heading = "Training")]
+    test_size: Option<usize>,
+    /// Passes over the training examples [default: 1].
+    #[arg(long, help_heading = "Training")]
+    epochs: Option<usize>,
+    /// AdamW learning rate.
+    #[arg(long, default_value_t = 3e-4, help_heading = "Training")]
+    lr: f64,
+    /// AdamW weight decay.
+    #[arg(long, default_value_t = 0.01, help_heading = "Training")]
+    weight_decay: f64,
+    /// Steps of linear learning-rate warm-up [default: an eighth of the steps].
+    #[arg(long, help_heading = "Training")]
+    warmup_steps: Option<usize>,
+    /// Seed of the weights, dropout, batch order and ListOps data.
+    #[arg(long, default_value_t = 0, help_heading = "Training")]
+    seed: u64,
+
+    /// ListOps: depth at which nodes are always digits (the root is depth 1).
+    #[arg(long, default_value_t = 10, help_heading = "ListOps")]
+    listops_max_depth: usize,
+    /// ListOps: most arguments of an operator.
+    #[arg(long, default_value_t = 10, help_heading = "ListOps")]
+    listops_max_args: usize,
+    /// ListOps: expressions are longer than this, in tokens [default: seq-len / 4].
+    #[arg(long, help_heading = "ListOps")]
+    listops_min_length: Option<usize>,
+    /// ListOps: expressions are shorter than this, in tokens [default: seq-len + 1].
+    #[arg(long, help_heading = "ListOps")]
+    listops_max_length: Option<usize>,
+
+    /// Text corpus: words seen fewer times in the training split become <unk>.
+    #[arg(long, default_value_t = 2, help_heading = "Text corpus (--data)")]
+    min_freq: usize,
+    /// Text corpus: largest vocabulary, <pad> and <unk> included.
+    #[arg(long, default_value_t = 20_000, help_heading = "Text corpus (--data)")]
+    max_vocab: usize,
+}
+
+/// The flags that `--quick` changes, resolved.
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    seq_len: usize,
+    batch_size: usize,
+    train_size: usize,
+    test_size: usize,
+    epochs: usize,
+}
+
+impl Args {
+    fn sizes(&self) -> Sizes {
+        let (seq_len, batch_size, train_size, test_size) = if self.quick {
+            (256, 16, 64, 32)
+        } else {
+            (256, 16, 384, 256)
+        };
+        Sizes {
+            seq_len: self.seq_len.unwrap_or(seq_len),
+            batch_size: self.batch_size.unwrap_or(batch_size),
+            train_size: self.train_size.unwrap_or(train_size),
+            test_size: self.test_size.unwrap_or(test_size),
+            epochs: self.epochs.unwrap_or(1),
+        }
+    }
+
+    fn check(&self, s: &Sizes) -> Result<()> {
+        ensure!(self.layers >= 1, "--layers must be at least 1");
+        ensure!(
+            self.segments >= 1,
+            "--segments must be at least 1 (1 checkpoints nothing)"
+        );
+        ensure!(
+            self.heads >= 1 && self.d_model >= 1 && self.d_model % self.heads == 0,
+            "--d-model {} must be a positive multiple of --heads {}",
+            self.d_model,
+            self.heads
+        );
+        ensure!(self.ff >= 1, "--ff must be at least 1");
+        ensure!(
+            (0.0..1.0).contains(&self.dropout),
+            "--dropout must be in [0, 1)"
+        );
+        ensure!(s.seq_len >= 2, "--seq-len must be at least 2");
+        ensure!(s.batch_size >= 1, "--batch-size must be at least 1");
+        ensure!(
+            s.train_size >= s.batch_size,
+            "--train-size {} must be at least --batch-size {} (one step)",
+            s.train_size,
+            s.batch_size
+        );
+        ensure!(s.test_size >= 1, "--test-size must be at least 1");
+        ensure!(s.epochs >= 1, "--epochs must be at least 1");
+        if let Some(n) = self.threads {
+            ensure!(n >= 1, "--threads must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let sizes = args.sizes();
+    args.check(&sizes)?;
+    // Count every tensor allocation from here on (parameters and optimizer state too).
+    ckpt::memory::enable();
+    if let Some(n) = args.threads {
+        tch::set_num_threads(n);
+    }
+    let device = args.device.resolve()?;
+
+    let task = match &args.data {
+        None => {
+            let cfg = ListOpsConfig {
+                max_depth: args.listops_max_depth,
+                max_args: args.listops_max_args,
+                min_length: args.listops_min_length.unwrap_or(sizes.seq_len / 4),
+                max_length: args.listops_max_length.unwrap_or(sizes.seq_len + 1),
+            };
+            data::listops_task(
+                &cfg,
+                sizes.train_size,
+                sizes.test_size,
+                sizes.seq_len,
+                args.seed,
+            )?
+        }
+        Some(dir) => data::text_task(
+            dir,
+            &VocabConfig {
+                min_freq: args.min_freq,
+                max_size: args.max_vocab,
+            },
+            sizes.train_size,
+            sizes.test_size,
+            sizes.seq_len,
+            args.seed,
+        )?,
+    };
+    ensure!(
+        task.train.len() >= sizes.batch_size,
+        "{} training examples, fewer than --batch-size {}",
+        task.train.len(),
+        sizes.batch_size
+    );
+
+    let model_cfg = ModelConfig {
+        vocab_size: task.vocab_size as i64,
+        n_classes: task.classes.len() as i64,
+        seq_len: sizes.seq_len as i64,
+        layers: args.layers,
+        heads: args.heads,
+        d_model: args.d_model,
+        ff: args.ff,
+        dropout: args.dropout,
+    };
+    let steps = task.train.len() / sizes.batch_size * sizes.epochs;
+    let train_cfg = TrainConfig {
+        epochs: sizes.epochs,
+        batch_size: sizes.batch_size,
+        lr: args.lr,
+        warmup: args.warmup_steps.unwrap_or(steps.div_ceil(8)),
+        weight_decay: args.weight_decay,
+        seed: args.seed,
+        device,
+    };
+
+    println!("task:   {}", task.description);
+    println!(
+        "data:   {} train / {} test examples, {} classes, seq {} ({:.0}% real tokens), batch {}, \
+         {} epoch(s) = {steps} steps a run",
+        task.train.len(),
+        task.test.len(),
+        task.classes.len(),
+        sizes.seq_len,
+        task.train.fill() * 100.0,
+        sizes.batch_size,
+        sizes.epochs,
+    );
+    println!(
+        "model:  {} layers, {} heads, d_model {}, ff {}, dropout {}, pre-LN, learned positions, \
+         mean pooling; AdamW lr {} wd {}, {} warm-up steps",
+        args.layers,
+        args.heads,
+        args.d_model,
+        args.ff,
+        args.dropout,
+        args.lr,
+        args.weight_decay,
+        train_cfg.warmup
+    );
+    println!(
+        "device: {} ({} threads), seed {}",
+        device_name(device),
+        tch::get_num_threads(),
+        args.seed
+    );
+
+    let plan: Vec<(String, Strategy)> = if args.sweep {
+        (1..=args.layers)
+            .map(|k| (format!("segments={k}"), Strategy::Checkpointed(k)))
+            .collect()
+    } else {
+        let plain = ("plain".to_owned(), Strategy::Plain);
+        let ckpt = (
+            "checkpointed".to_owned(),
+            Strategy::Checkpointed(args.segments),
+        );
+        match args.mode {
+            Mode::Both => vec![plain, ckpt],
+            Mode::Plain => vec![plain],
+            Mode::Checkpointed => vec![ckpt],
+        }
+    };
+
+    let schedule = if args.sequential {
+        Schedule::Sequential
+    } else {
+        Schedule::Interleaved
+    };
+    let bars = MultiProgress::new();
+    let runs = train::train(&plan, &task, &model_cfg, &train_cfg, schedule, &bars)?;
+
+    println!();
+    println!(
+        "peak MiB: highest tensor memory of a training step (forward, backward, AdamW) above \
+         the bytes live before it, from ckpt::memory (exact); step s: median wall time"
+    );
+    print!("{}", report::table(&runs));
+
+    let (mut grad_diff, mut loss_diff) = (None, None);
+    if runs.len() > 1 {
+        let mut g = 0.0f64;
+        let mut l = 0.0f64;
+        for r in &runs[1..] {
+            g = g.max(train::grad_max_abs_diff(&runs[0], r)?);
+            l = l.max(train::loss_max_abs_diff(&runs[0], r));
+        }
+        let verdict = |x: f64| if x == 0.0 { " (bit-identical)" } else { "" };
+        println!(
+            "largest |gradient difference| after step 1, all parameters: {g:e}{}",
+            verdict(g)
+        );
+        println!(
+            "largest |loss difference| over {steps} steps: {l:e}{}",
+            verdict(l)
+        );
+        grad_diff = Some(g);
+        loss_diff = Some(l);
+    }
+
+    if args.sweep {
+        std::fs::create_dir_all(&args.out_dir)
+            .with_context(|| format!("{}: cannot create", args.out_dir.display()))?;
+        let csv = args.out_dir.join("sweep.csv");
+        let png = args.out_dir.join("sweep.png");
+        report::write_csv(&csv, &runs)?;
+        let title = format!(
+            "checkpoint_sequential over {} blocks: seq {}, batch {}, {}",
+            args.layers,
+            sizes.seq_len,
+            sizes.batch_size,
+            device_name(device)
+        );
+        report::write_plot(&png, &runs, &title)?;
+        println!("sweep: {} and {}", csv.display(), png.display());
+    }
+
+    if let Some(path) = &args.json {
+        let reference = &runs[0];
+        let doc = Report {
+            task: task.name.to_owned(),
+            device: device_name(device),
+            config: ConfigJson {
+                layers: args.layers,
+                heads: args.heads,
+                d_model: args.d_model,
+                seq_len: sizes.seq_len,
+                batch_size: sizes.batch_size,
+                steps,
+                ff: args.ff,
+                dropout: args.dropout,
+                epochs: sizes.epochs,
+                train_size: task.train.len(),
+                test_size: task.test.len(),
+                vocab_size: task.vocab_size,
+                classes: task.classes.len(),
+                lr: args.lr,
+                weight_decay: args.weight_decay,
+                warmup_steps: train_cfg.warmup,
+                seed: args.seed,
+            },
+            runs: runs.iter().map(|r| RunJson::new(r, reference)).collect(),
+            grad_max_abs_diff: grad_diff,
+            loss_max_abs_diff: loss_diff,
+            threads: tch::get_num_threads(),
+            reference_run: reference.name.clone(),
+            schedule: match schedule {
+                Schedule::Interleaved => "interleaved",
+                Schedule::Sequential => "sequential",
+            }
+            .to_owned(),
+        };
+        report::write_json(path, &doc)?;
+        println!("json:  {}", path.display());
+    }
+    Ok(())
+}

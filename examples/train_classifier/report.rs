@@ -1,0 +1,320 @@
+//! Results: the printed table, the `--json` file, and the sweep's CSV and PNG.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result, anyhow};
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::train::{MIB, RunResult};
+
+/// The `--json` document. The fields of the issue keep their names and units (bytes,
+/// seconds, fractions 0..1); the rest are additions.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// `listops` or `text`.
+    pub task: String,
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    /// Model, data and optimisation settings.
+    pub config: ConfigJson,
+    /// One entry a run, in the order they ran.
+    pub runs: Vec<RunJson>,
+    /// Largest absolute difference of any parameter's gradient after the first step,
+    /// between the first run and each other run (`null` with a single run).
+    pub grad_max_abs_diff: Option<f64>,
+    /// Largest absolute difference of the loss at the same step, likewise.
+    pub loss_max_abs_diff: Option<f64>,
+    /// libtorch's intra-op threads.
+    pub threads: i32,
+    /// The run that overheads, reductions and differences are relative to.
+    pub reference_run: String,
+    /// `interleaved` (the runs take turns step by step) or `sequential`.
+    pub schedule: String,
+}
+
+/// `config` of [`Report`].
+#[derive(Debug, Serialize)]
+pub struct ConfigJson {
+    /// Encoder blocks.
+    pub layers: usize,
+    /// Attention heads.
+    pub heads: i64,
+    /// Residual width.
+    pub d_model: i64,
+    /// Tokens a row (padded).
+    pub seq_len: usize,
+    /// Rows a step.
+    pub batch_size: usize,
+    /// Training steps of each run.
+    pub steps: usize,
+    /// Feed-forward width.
+    pub ff: i64,
+    /// Dropout probability.
+    pub dropout: f64,
+    /// Passes over the training split.
+    pub epochs: usize,
+    /// Training examples.
+    pub train_size: usize,
+    /// Test examples.
+    pub test_size: usize,
+    /// Token ids.
+    pub vocab_size: usize,
+    /// Classes.
+    pub classes: usize,
+    /// AdamW learning rate.
+    pub lr: f64,
+    /// AdamW weight decay.
+    pub weight_decay: f64,
+    /// Steps of linear learning-rate warm-up.
+    pub warmup_steps: usize,
+    /// Seed of weights, dropout, data order (and ListOps data).
+    pub seed: u64,
+}
+
+/// One run in [`Report::runs`].
+#[derive(Debug, Serialize)]
+pub struct RunJson {
+    /// `plain`, `checkpointed` or `segments=N`.
+    pub name: String,
+    /// Segments (0 = plain).
+    pub segments: usize,
+    /// Peak tensor bytes above the pre-step baseline of a steady training step.
+    pub peak_bytes: i64,
+    /// Median step wall time, seconds.
+    pub step_seconds_median: f64,
+    /// Mean epoch wall time, seconds.
+    pub epoch_seconds: f64,
+    /// Test accuracy, 0..1.
+    pub test_accuracy: f64,
+    /// Loss of the last training step.
+    pub final_loss: f64,
+    /// Peak bytes above baseline of the first step (AdamW allocates its state there).
+    pub first_step_peak_bytes: i64,
+    /// Tensor bytes live before a steady step (parameters, AdamW state and batch, of
+    /// every run alive: interleaved runs train side by side).
+    pub baseline_bytes: i64,
+    /// Step time over the reference run's, minus 1, in percent.
+    pub overhead_pct: f64,
+    /// Peak memory saved against the reference run, in percent.
+    pub memory_reduction_pct: f64,
+    /// Loss of every step.
+    pub losses: Vec<f64>,
+    /// Wall time of every step, seconds.
+    pub step_seconds: Vec<f64>,
+}
+
+/// Overhead (%) and memory reduction (%) of `run` against `reference`.
+pub fn compare(run: &RunResult, reference: &RunResult) -> (f64, f64) {
+    let overhead = (run.step_seconds_median / reference.step_seconds_median - 1.0) * 100.0;
+    let saved = (1.0 - run.peak_bytes as f64 / reference.peak_bytes as f64) * 100.0;
+    (overhead, saved)
+}
+
+impl RunJson {
+    /// The JSON form of `run`, compared with `reference`.
+    pub fn new(run: &RunResult, reference: &RunResult) -> Self {
+        let (overhead_pct, memory_reduction_pct) = compare(run, reference);
+        RunJson {
+            name: run.name.clone(),
+            segments: run.segments,
+            peak_bytes: run.peak_bytes,
+            step_seconds_median: run.step_seconds_median,
+            epoch_seconds: run.epoch_seconds,
+            test_accuracy: run.test_accuracy,
+            final_loss: run.final_loss(),
+            first_step_peak_bytes: run.first_step_peak_bytes,
+            baseline_bytes: run.baseline_bytes,
+            overhead_pct,
+            memory_reduction_pct,
+            losses: run.losses.clone(),
+            step_seconds: run.step_seconds.clone(),
+        }
+    }
+}
+
+/// Writes `report` as pretty JSON.
+///
+/// # Errors
+///
+/// When the file cannot be written.
+pub fn write_json(path: &Path, report: &Report) -> Result<()> {
+    let text = serde_json::to_string_pretty(report)?;
+    std::fs::write(path, text + "\n").with_context(|| format!("{}: cannot write", path.display()))
+}
+
+/// The comparison table; the first run is the reference of the last two columns.
+pub fn table(runs: &[RunResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<14} {:>8} {:>10} {:>12} {:>10} {:>9} {:>10} {:>9} {:>11}",
+        "run",
+        "segments",
+        "peak MiB",
+        "step s (med)",
+        "epoch s",
+        "overhead",
+        "mem saved",
+        "test acc",
+        "final loss"
+    );
+    let reference = &runs[0];
+    for (i, r) in runs.iter().enumerate() {
+        let (overhead, saved) = compare(r, reference);
+        let (overhead, saved) = if i == 0 {
+            ("-".to_owned(), "-".to_owned())
+        } else {
+            (format!("{overhead:+.1}%"), format!("{saved:.1}%"))
+        };
+        let segments = if r.segments == 0 {
+            "-".to_owned()
+        } else {
+            r.segments.to_string()
+        };
+        let _ = writeln!(
+            out,
+            "{:<14} {:>8} {:>10.1} {:>12.3} {:>10.1} {:>9} {:>10} {:>9.3} {:>11.4}",
+            r.name,
+            segments,
+            r.peak_bytes as f64 / MIB,
+            r.step_seconds_median,
+            r.epoch_seconds,
+            overhead,
+            saved,
+            r.test_accuracy,
+            r.final_loss()
+        );
+    }
+    out
+}
+
+/// Writes the sweep as CSV, one row a run; the first run is the reference.
+///
+/// # Errors
+///
+/// When the file cannot be written.
+pub fn write_csv(path: &Path, runs: &[RunResult]) -> Result<()> {
+    let mut out = String::from(
+        "segments,peak_bytes,peak_mib,first_step_peak_bytes,step_seconds_median,epoch_seconds,\
+         overhead_pct,memory_reduction_pct,test_accuracy,final_loss\n",
+    );
+    for r in runs {
+        let (overhead, saved) = compare(r, &runs[0]);
+        let _ = writeln!(
+            out,
+            "{},{},{:.3},{},{:.6},{:.3},{:.2},{:.2},{:.4},{:.6}",
+            r.segments,
+            r.peak_bytes,
+            r.peak_bytes as f64 / MIB,
+            r.first_step_peak_bytes,
+            r.step_seconds_median,
+            r.epoch_seconds,
+            overhead,
+            saved,
+            r.test_accuracy,
+            r.final_loss()
+        );
+    }
+    std::fs::write(path, out).with_context(|| format!("{}: cannot write", path.display()))
+}
+
+/// Plots median step time against peak memory, one labelled point per segment count
+/// (counts with the same peak share a point), joined in order of memory, as a PNG.
+/// Text uses the Hack font shipped inside the binary (`epaint_default_fonts`), so no
+/// system fonts are needed (plotters' `ab_glyph` backend; its glyph placement ignores
+/// side bearings, which a monospaced font hides).
+///
+/// # Errors
+///
+/// When drawing or writing fails.
+pub fn write_plot(path: &Path, runs: &[RunResult], title: &str) -> Result<()> {
+    plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        epaint_default_fonts::HACK_REGULAR,
+    )
+    .map_err(|_| anyhow!("the built-in font cannot be loaded"))?;
+    let draw = |e: &dyn std::fmt::Display| anyhow!("{}: drawing failed: {e}", path.display());
+
+    // Points: (MiB, seconds, label), merging segment counts with equal peaks (with 6
+    // blocks, 4 and 2 segments both keep 3 blocks' worth, for example).
+    let reference = &runs[0];
+    let close = |a: i64, b: i64| (a - b).abs() as f64 <= 0.01 * reference.peak_bytes as f64;
+    let mut groups: Vec<(i64, Vec<&RunResult>)> = Vec::new();
+    for r in runs {
+        match groups
+            .iter_mut()
+            .find(|(peak, _)| close(*peak, r.peak_bytes))
+        {
+            Some((_, members)) => members.push(r),
+            None => groups.push((r.peak_bytes, vec![r])),
+        }
+    }
+    groups.sort_by_key(|(peak, _)| *peak);
+    let points: Vec<(f64, f64, String)> = groups
+        .iter()
+        .map(|(peak, members)| {
+            let counts: Vec<String> = members.iter().map(|r| r.segments.to_string()).collect();
+            let seconds = crate::train::median(
+                &members
+                    .iter()
+                    .map(|r| r.step_seconds_median)
+                    .collect::<Vec<_>>(),
+            );
+            let label = if members.iter().all(|r| r.segments <= 1) {
+                "plain (1 segment)".to_owned()
+            } else {
+                let saved = (1.0 - *peak as f64 / reference.peak_bytes as f64) * 100.0;
+                let overhead = (seconds / reference.step_seconds_median - 1.0) * 100.0;
+                format!(
+                    "{} segments: {saved:.0}% less memory, {overhead:+.0}% time",
+                    counts.join(", ")
+                )
+            };
+            (*peak as f64 / MIB, seconds, label)
+        })
+        .collect();
+    let x_max = points.iter().map(|p| p.0).fold(0.0, f64::max);
+    let y_max = points.iter().map(|p| p.1).fold(0.0, f64::max);
+
+    let root = BitMapBackend::new(path, (960, 640)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| draw(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 24))
+        .margin(24)
+        .x_label_area_size(56)
+        .y_label_area_size(72)
+        .build_cartesian_2d(0.0..x_max * 1.1, 0.0..y_max * 1.2)
+        .map_err(|e| draw(&e))?;
+    chart
+        .configure_mesh()
+        .light_line_style(RGBColor(238, 238, 238))
+        .x_desc("peak tensor memory of a training step above its baseline (MiB)")
+        .y_desc("median step time (s)")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.2}"))
+        .axis_desc_style(("sans-serif", 18))
+        .label_style(("sans-serif", 15))
+        .draw()
+        .map_err(|e| draw(&e))?;
+    chart
+        .draw_series(LineSeries::new(
+            points.iter().map(|p| (p.0, p.1)),
+            BLUE.stroke_width(2),
+        ))
+        .map_err(|e| draw(&e))?;
+    chart
+        .draw_series(points.iter().map(|(x, y, label)| {
+            // Labels of points in the right half go to their left, so they stay inside.
+            let width = (label.chars().count() as f64 * 7.2) as i32;
+            let dx = if *x > x_max * 0.55 { -width - 8 } else { 8 };
+            EmptyElement::at((*x, *y))
+                + Circle::new((0, 0), 5, BLUE.filled())
+                + Text::new(label.clone(), (dx, -24), ("sans-serif", 15))
+        }))
+        .map_err(|e| draw(&e))?;
+    root.present().map_err(|e| draw(&e))?;
+    Ok(())
+}

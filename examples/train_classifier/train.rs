@@ -1,0 +1,380 @@
+//! Training and measuring runs: AdamW, cross-entropy, per-step peak tensor memory from
+//! `ckpt::memory`, step and epoch wall times, test accuracy.
+//!
+//! What a step's memory figure means: before the step the gradients are freed
+//! (`zero_grad`, which sets them to none in libtorch 2.x), so the baseline is the
+//! parameters, AdamW's state and the batch (of every run alive: interleaved runs train
+//! side by side); [`ckpt::memory::f_measure`] then reports the highest tensor bytes
+//! above that baseline during forward, backward and the optimizer step. Bytes are exact
+//! and deterministic. The first step also allocates AdamW's state (two tensors per
+//! parameter), so it is reported on its own and the run's `peak_bytes` is the largest
+//! figure of the later steps (all equal: the shapes do not change).
+//!
+//! Same numbers in every run: the weights come from `tch::manual_seed(seed)`, the batch
+//! order from the seed, and the global generator is reseeded before each step from the
+//! seed and the step number, so every run draws the same dropout masks at the same step
+//! whether the runs are interleaved or not. Within a step, a checkpointed segment's
+//! recompute replays its forward's masks through `preserve_rng_state`.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use tch::nn::{self, OptimizerConfig};
+use tch::{Device, Kind, Tensor};
+
+use crate::data::Task;
+use crate::model::{Classifier, ModelConfig, Strategy};
+
+/// Optimisation settings, the same for every run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrainConfig {
+    /// Passes over the training split.
+    pub epochs: usize,
+    /// Examples a step.
+    pub batch_size: usize,
+    /// AdamW learning rate (after warm-up).
+    pub lr: f64,
+    /// Steps of linear learning-rate warm-up (from `lr / warmup` up to `lr`).
+    pub warmup: usize,
+    /// AdamW weight decay (decoupled).
+    pub weight_decay: f64,
+    /// Seed of the weights (`tch::manual_seed`), dropout and the batch order.
+    pub seed: u64,
+    /// Where the model runs.
+    pub device: Device,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunResult {
+    /// `plain`, `checkpointed`, or `segments=N` in a sweep.
+    pub name: String,
+    /// Segments of `checkpoint_sequential_t`; 0 for plain.
+    pub segments: usize,
+    /// Peak tensor bytes above the step's baseline, largest over the steps after the
+    /// first (the first when there is only one).
+    pub peak_bytes: i64,
+    /// The same for the first step (includes AdamW's state allocation).
+    pub first_step_peak_bytes: i64,
+    /// Tensor bytes live before a steady step (parameters, AdamW state and batch, of
+    /// every run alive).
+    pub baseline_bytes: i64,
+    /// Wall time of each step, seconds.
+    pub step_seconds: Vec<f64>,
+    /// Median of `step_seconds`.
+    pub step_seconds_median: f64,
+    /// Mean wall time of a training epoch (steps and batching, no evaluation), seconds.
+    pub epoch_seconds: f64,
+    /// Test accuracy after training, 0..1.
+    pub test_accuracy: f64,
+    /// Training loss of each step.
+    pub losses: Vec<f64>,
+    /// Gradients after the first backward, by variable name (copied to host memory,
+    /// outside the tensor count).
+    pub first_grads: Vec<(String, Vec<f32>)>,
+}
+
+impl RunResult {
+    /// Loss of the last step.
+    pub fn final_loss(&self) -> f64 {
+        self.losses.last().copied().unwrap_or(f64::NAN)
+    }
+}
+
+/// Median of `xs` (NaN when empty).
+pub fn median(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn synchronize(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+fn grads_of(vs: &nn::VarStore) -> Result<Vec<(String, Vec<f32>)>> {
+    let mut vars: Vec<(String, tch::Tensor)> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars.into_iter()
+        .map(|(name, v)| {
+            let g = v.grad();
+            let values = if g.defined() {
+                Vec::<f32>::try_from(g.flatten(0, -1))
+                    .with_context(|| format!("reading the gradient of {name}"))?
+            } else {
+                Vec::new()
+            };
+            Ok((name, values))
+        })
+        .collect()
+}
+
+/// How the runs of a comparison share the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    /// Step 1 of every run, then step 2 of every run, ...: a burst of load from other
+    /// processes slows all runs alike, so the time comparison stays fair on a shared
+    /// machine.
+    Interleaved,
+    /// All steps of the first run, then all steps of the next.
+    Sequential,
+}
+
+/// One training run in progress: its own model, optimizer and measurements.
+struct Run {
+    strategy: Strategy,
+    vs: nn::VarStore,
+    model: Classifier,
+    opt: nn::Optimizer,
+    bar: ProgressBar,
+    result: RunResult,
+    epoch_seconds: Vec<f64>,
+}
+
+impl Run {
+    /// A fresh model whose weights come from `cfg.seed` (the same for every run).
+    fn new(
+        name: &str,
+        model_cfg: &ModelConfig,
+        cfg: &TrainConfig,
+        strategy: Strategy,
+        steps: usize,
+        bars: &MultiProgress,
+    ) -> Result<Self> {
+        tch::manual_seed(cfg.seed as i64);
+        let vs = nn::VarStore::new(cfg.device);
+        let model = Classifier::new(&vs.root(), model_cfg);
+        let opt = nn::AdamW {
+            wd: cfg.weight_decay,
+            ..Default::default()
+        }
+        .build(&vs, cfg.lr)?;
+        let bar = bars.add(ProgressBar::new(steps as u64));
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{prefix:>14} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} steps, {msg}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        bar.set_prefix(name.to_owned());
+        Ok(Run {
+            strategy,
+            vs,
+            model,
+            opt,
+            bar,
+            result: RunResult {
+                name: name.to_owned(),
+                segments: match strategy {
+                    Strategy::Plain => 0,
+                    Strategy::Checkpointed(n) => n,
+                },
+                peak_bytes: 0,
+                first_step_peak_bytes: 0,
+                baseline_bytes: 0,
+                step_seconds: Vec::new(),
+                step_seconds_median: 0.0,
+                epoch_seconds: 0.0,
+                test_accuracy: 0.0,
+                losses: Vec::new(),
+                first_grads: Vec::new(),
+            },
+            epoch_seconds: Vec::new(),
+        })
+    }
+
+    /// One training step on `(xs, ys)`; `step` (from 0) seeds the dropout masks.
+    fn step(&mut self, xs: &Tensor, ys: &Tensor, step: usize, cfg: &TrainConfig) -> Result<()> {
+        let first = self.result.losses.is_empty();
+        // Every run draws the same dropout masks at the same step, whatever ran before.
+        tch::manual_seed((cfg.seed as i64).wrapping_mul(1_000_003) ^ (step as i64 + 1));
+        self.opt
+            .set_lr(cfg.lr * ((step + 1) as f64 / cfg.warmup.max(1) as f64).min(1.0));
+        self.opt.zero_grad();
+        synchronize(cfg.device);
+        let start = Instant::now();
+        let (out, report) = ckpt::memory::f_measure(cfg.device, || -> Result<_> {
+            let loss = self
+                .model
+                .forward_t(xs, true, self.strategy)
+                .cross_entropy_for_logits(ys);
+            loss.f_backward()?;
+            let grads = if first {
+                grads_of(&self.vs)?
+            } else {
+                Vec::new()
+            };
+            self.opt.step();
+            Ok((f64::try_from(&loss)?, grads))
+        })?;
+        let (loss, grads) = out?;
+        synchronize(cfg.device);
+        let seconds = start.elapsed().as_secs_f64();
+        // Free the gradients now, so that the other runs' steps start from the same
+        // kind of baseline (parameters, optimizer state, batch).
+        self.opt.zero_grad();
+
+        let r = &mut self.result;
+        r.step_seconds.push(seconds);
+        if first {
+            r.first_grads = grads;
+            r.first_step_peak_bytes = report.peak_above_baseline_bytes;
+        } else {
+            r.peak_bytes = r.peak_bytes.max(report.peak_above_baseline_bytes);
+            r.baseline_bytes = report.baseline_bytes;
+        }
+        r.losses.push(loss);
+        if let Some(epoch) = self.epoch_seconds.last_mut() {
+            *epoch += seconds;
+        }
+        self.bar.set_message(format!(
+            "loss {loss:.4}, peak {:.0} MiB",
+            report.peak_above_baseline_bytes as f64 / MIB
+        ));
+        self.bar.inc(1);
+        Ok(())
+    }
+
+    fn finish(mut self, task: &Task, cfg: &TrainConfig) -> RunResult {
+        let r = &mut self.result;
+        if r.losses.len() == 1 {
+            r.peak_bytes = r.first_step_peak_bytes;
+        }
+        r.step_seconds_median = median(&r.step_seconds);
+        r.epoch_seconds =
+            self.epoch_seconds.iter().sum::<f64>() / self.epoch_seconds.len().max(1) as f64;
+        r.test_accuracy = evaluate(&self.model, task, cfg);
+        self.bar.finish_with_message(format!(
+            "loss {:.4}, test accuracy {:.3}",
+            r.final_loss(),
+            r.test_accuracy
+        ));
+        self.result
+    }
+}
+
+/// Trains a fresh model for each `(name, strategy)` of `plan`, all from the same seed
+/// (same weights, same batches, same dropout masks), and measures them.
+///
+/// A step's time is its wall time; an epoch's is the sum of its steps' times (batching
+/// and evaluation excluded), so both mean the same in either [`Schedule`].
+///
+/// # Errors
+///
+/// When libtorch fails (out of memory, a failing recompute), or the memory statistics
+/// of the device are unavailable.
+pub fn train(
+    plan: &[(String, Strategy)],
+    task: &Task,
+    model_cfg: &ModelConfig,
+    cfg: &TrainConfig,
+    schedule: Schedule,
+    bars: &MultiProgress,
+) -> Result<Vec<RunResult>> {
+    let steps_per_epoch = task.train.len() / cfg.batch_size;
+    ensure!(
+        steps_per_epoch > 0,
+        "--train-size {} is smaller than --batch-size {}",
+        task.train.len(),
+        cfg.batch_size
+    );
+    let steps = steps_per_epoch * cfg.epochs;
+    let new_run = |(name, strategy): &(String, Strategy)| {
+        Run::new(name, model_cfg, cfg, *strategy, steps, bars)
+            .with_context(|| format!("run `{name}`"))
+    };
+    // Runs that train together; one group of all runs, or one group a run.
+    let groups: Vec<Vec<&(String, Strategy)>> = match schedule {
+        Schedule::Interleaved => vec![plan.iter().collect()],
+        Schedule::Sequential => plan.iter().map(|p| vec![p]).collect(),
+    };
+    let mut results = Vec::new();
+    for group in groups {
+        let mut runs = group.into_iter().map(new_run).collect::<Result<Vec<_>>>()?;
+        let mut step = 0;
+        for epoch in 0..cfg.epochs {
+            runs.iter_mut().for_each(|r| r.epoch_seconds.push(0.0));
+            let order = cfg.seed.wrapping_mul(1_000_003).wrapping_add(epoch as u64);
+            for index in task.train.shuffled_batches(cfg.batch_size, order) {
+                let (xs, ys) = task.train.batch(&index, cfg.device);
+                for run in &mut runs {
+                    run.step(&xs, &ys, step, cfg)
+                        .with_context(|| format!("run `{}`, step {}", run.result.name, step + 1))?;
+                }
+                step += 1;
+            }
+        }
+        results.extend(runs.into_iter().map(|r| r.finish(task, cfg)));
+    }
+    Ok(results)
+}
+
+/// One mebibyte, for printing.
+pub const MIB: f64 = 1024.0 * 1024.0;
+
+/// Accuracy on the test split (eval mode, no grad, plain forward).
+fn evaluate(model: &Classifier, task: &Task, cfg: &TrainConfig) -> f64 {
+    let n = task.test.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    let index: Vec<usize> = (0..n).collect();
+    let correct: i64 = tch::no_grad(|| {
+        index
+            .chunks(cfg.batch_size)
+            .map(|chunk| {
+                let (xs, ys) = task.test.batch(chunk, cfg.device);
+                let pred = model
+                    .forward_t(&xs, false, Strategy::Plain)
+                    .argmax(-1, false);
+                pred.eq_tensor(&ys).sum(Kind::Int64).int64_value(&[])
+            })
+            .sum()
+    });
+    correct as f64 / n as f64
+}
+
+/// Largest absolute difference between two runs' first-step gradients (variable by
+/// variable, element by element).
+///
+/// # Errors
+///
+/// When the runs' variables differ (names or sizes).
+pub fn grad_max_abs_diff(a: &RunResult, b: &RunResult) -> Result<f64> {
+    ensure!(
+        a.first_grads.len() == b.first_grads.len(),
+        "the runs have different variables"
+    );
+    let mut worst = 0.0f64;
+    for ((na, ga), (nb, gb)) in a.first_grads.iter().zip(&b.first_grads) {
+        ensure!(
+            na == nb && ga.len() == gb.len(),
+            "variable {na} differs from {nb}"
+        );
+        for (x, y) in ga.iter().zip(gb) {
+            worst = worst.max(f64::from((x - y).abs()));
+        }
+    }
+    Ok(worst)
+}
+
+/// Largest absolute difference between two runs' losses, step by step.
+pub fn loss_max_abs_diff(a: &RunResult, b: &RunResult) -> f64 {
+    a.losses
+        .iter()
+        .zip(&b.losses)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}

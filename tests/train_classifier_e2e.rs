@@ -1,0 +1,263 @@
+//! End-to-end test of the main program, `examples/train_classifier`: builds it with
+//! cargo (the profile of this test), runs its `--quick` path on ListOps and on a tiny
+//! folder-per-class corpus written to a temporary folder, and checks the `--json` output.
+//! Memory bytes are exact, so they are asserted; times are not.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+/// Builds the example once per test process and returns its path, read from cargo's
+/// JSON messages (so `CARGO_TARGET_DIR` and profiles are followed).
+fn binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR")).args([
+            "build",
+            "--example",
+            "train_classifier",
+            "--message-format=json-render-diagnostics",
+        ]);
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        let out = cmd.stderr(Stdio::inherit()).output().expect("cargo runs");
+        assert!(
+            out.status.success(),
+            "cargo build --example train_classifier failed"
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|m| m["reason"] == "compiler-artifact")
+            .filter(|m| m["target"]["name"] == "train_classifier")
+            .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+            .expect("cargo reports the example's executable")
+    })
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(binary())
+        .args(args)
+        .output()
+        .expect("the example starts")
+}
+
+fn run_ok(args: &[&str], json: &Path) -> (Value, String) {
+    let mut all: Vec<&str> = args.to_vec();
+    let json_arg = json.to_str().expect("utf-8 temp path");
+    all.extend(["--device", "cpu", "--json", json_arg]);
+    let out = run(&all);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "train_classifier {all:?} failed\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(json).expect("the JSON file is written");
+    (serde_json::from_str(&text).expect("valid JSON"), stdout)
+}
+
+/// Checks the schema and the invariants of a plain-vs-checkpointed comparison.
+fn check_comparison(doc: &Value, segments: u64) {
+    assert_eq!(doc["device"], "cpu");
+    let config = &doc["config"];
+    for key in [
+        "layers",
+        "heads",
+        "d_model",
+        "seq_len",
+        "batch_size",
+        "steps",
+    ] {
+        assert!(config[key].as_u64().unwrap() > 0, "config.{key}: {config}");
+    }
+    let runs = doc["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["name"], "plain");
+    assert_eq!(runs[0]["segments"], 0);
+    assert_eq!(runs[1]["name"], "checkpointed");
+    assert_eq!(runs[1]["segments"], segments);
+    for run in runs {
+        assert!(run["peak_bytes"].as_i64().unwrap() > 0, "{run}");
+        assert!(run["step_seconds_median"].as_f64().unwrap() > 0.0);
+        assert!(run["epoch_seconds"].as_f64().unwrap() > 0.0);
+        let acc = run["test_accuracy"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&acc), "accuracy {acc}");
+        assert!(run["final_loss"].as_f64().unwrap().is_finite());
+    }
+    // Same seed, dropout replayed from the saved RNG state, deterministic CPU kernels:
+    // the checkpointed run computes exactly the plain run's numbers.
+    assert_eq!(doc["grad_max_abs_diff"].as_f64(), Some(0.0));
+    assert_eq!(doc["loss_max_abs_diff"].as_f64(), Some(0.0));
+    assert_eq!(runs[0]["final_loss"], runs[1]["final_loss"]);
+    assert_eq!(runs[0]["test_accuracy"], runs[1]["test_accuracy"]);
+}
+
+fn peaks(doc: &Value) -> (f64, f64) {
+    let runs = doc["runs"].as_array().unwrap();
+    (
+        runs[0]["peak_bytes"].as_f64().unwrap(),
+        runs[1]["peak_bytes"].as_f64().unwrap(),
+    )
+}
+
+#[test]
+fn quick_listops_run_saves_memory_with_identical_numbers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (doc, stdout) = run_ok(&["--quick"], &tmp.path().join("quick.json"));
+    assert_eq!(doc["task"], "listops");
+    check_comparison(&doc, 3);
+    assert_eq!(doc["config"]["layers"], 6);
+    let (plain, ckpt) = peaks(&doc);
+    // Three segments over six blocks keep two blocks' activations instead of six (plus
+    // stashes and gradients): the target is at least 60 % less peak memory, and
+    // --quick has the default run's shapes, so the same bytes.
+    assert!(
+        ckpt <= 0.4 * plain,
+        "checkpointed peak {ckpt} bytes vs plain {plain} bytes"
+    );
+    assert!(stdout.contains("bit-identical"), "{stdout}");
+    assert!(stdout.contains("mem saved"), "{stdout}");
+}
+
+#[test]
+fn sweep_writes_a_csv_and_a_png() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("sweep");
+    let args = [
+        "--sweep",
+        "--quick",
+        "--layers",
+        "3",
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "4",
+        "--train-size",
+        "8",
+        "--test-size",
+        "4",
+        "--out-dir",
+        out_dir.to_str().unwrap(),
+    ];
+    let json = tmp.path().join("sweep.json");
+    let (doc, _) = run_ok(&args, &json);
+    let runs = doc["runs"].as_array().unwrap();
+    let segments: Vec<u64> = runs
+        .iter()
+        .map(|r| r["segments"].as_u64().unwrap())
+        .collect();
+    assert_eq!(segments, [1, 2, 3]);
+    assert_eq!(doc["grad_max_abs_diff"].as_f64(), Some(0.0));
+    let csv = std::fs::read_to_string(out_dir.join("sweep.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 4, "{csv}");
+    assert!(csv.starts_with("segments,peak_bytes,"));
+    let png = std::fs::read(out_dir.join("sweep.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG file");
+    assert!(
+        png.len() > 10_000,
+        "the plot has content: {} bytes",
+        png.len()
+    );
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// A tiny two-class corpus in the aclImdb layout.
+fn tiny_corpus(dir: &Path) {
+    let pos = [
+        "a great and moving film",
+        "loved it, great acting<br />great story",
+    ];
+    let neg = [
+        "a dull and boring film",
+        "awful acting; boring story, I left",
+    ];
+    for i in 0..12 {
+        let k = i % 2;
+        write(
+            &dir.join(format!("train/pos/{i}_9.txt")),
+            &format!("{} {i}", pos[k]),
+        );
+        write(
+            &dir.join(format!("train/neg/{i}_2.txt")),
+            &format!("{} {i}", neg[k]),
+        );
+    }
+    for i in 0..4 {
+        write(&dir.join(format!("test/pos/{i}_8.txt")), pos[i % 2]);
+        write(&dir.join(format!("test/neg/{i}_1.txt")), neg[i % 2]);
+    }
+    // Unlabelled reviews (as in aclImdb/train/unsup) are skipped.
+    write(&dir.join("train/unsup/0_0.txt"), "no label here");
+}
+
+#[test]
+fn quick_run_on_a_tiny_text_corpus() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = tmp.path().join("corpus");
+    tiny_corpus(&corpus);
+    let args = [
+        "--quick",
+        "--data",
+        corpus.to_str().unwrap(),
+        "--layers",
+        "4",
+        "--segments",
+        "2",
+        "--seq-len",
+        "128",
+        "--batch-size",
+        "8",
+        "--min-freq",
+        "1",
+    ];
+    let (doc, stdout) = run_ok(&args, &tmp.path().join("text.json"));
+    assert_eq!(doc["task"], "text");
+    check_comparison(&doc, 2);
+    assert_eq!(doc["config"]["classes"], 2);
+    assert_eq!(doc["config"]["train_size"], 24);
+    assert_eq!(doc["config"]["test_size"], 8);
+    assert_eq!(doc["config"]["steps"], 3);
+    // Two segments over four blocks keep two blocks' activations instead of four; the
+    // rows are padded to 128 tokens, so activations outweigh the gradients here.
+    let (plain, ckpt) = peaks(&doc);
+    assert!(
+        ckpt < 0.8 * plain,
+        "checkpointed peak {ckpt} vs plain {plain}"
+    );
+    assert!(stdout.contains("neg, pos"), "{stdout}");
+}
+
+#[test]
+fn bad_data_folders_are_reported_with_their_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("no-such-corpus");
+    let out = run(&["--quick", "--data", missing.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not a folder") && err.contains("no-such-corpus"),
+        "{err}"
+    );
+
+    let corpus = tmp.path().join("corpus");
+    tiny_corpus(&corpus);
+    let empty_class = corpus.join("test/neg");
+    std::fs::remove_dir_all(&empty_class).unwrap();
+    std::fs::create_dir_all(&empty_class).unwrap();
+    let out = run(&["--quick", "--data", corpus.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}: no .txt files", empty_class.display())),
+        "{err}"
+    );
+}
