@@ -259,3 +259,105 @@ fn planner_profiles_once_per_input_shape() {
     let _ = tch::no_grad(|| planner.forward(&blocks, &small));
     assert!(planner.plan_for(&small, None).is_none());
 }
+
+/// `x + relu(linear(x))` that counts its forward runs (forward and recomputes).
+#[derive(Debug)]
+struct Counted {
+    lin: nn::Linear,
+    runs: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Module for Counted {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        xs + self.lin.forward(xs).relu()
+    }
+}
+
+impl ShallowClone for Counted {
+    fn shallow_clone(&self) -> Self {
+        Counted {
+            lin: self.lin.shallow_clone(),
+            runs: std::sync::Arc::clone(&self.runs),
+        }
+    }
+}
+
+/// Binomial checkpointing (issue 7, item 4): at most `r` recomputes of a stage, the
+/// plain gradients, and less memory than the best one-level plan when few stashes are
+/// allowed.
+#[test]
+fn binomial_checkpointing_bounds_recomputes_and_memory() {
+    use std::sync::atomic::Ordering;
+    let _serial = serial();
+    tch::manual_seed(4);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let blocks: Vec<Counted> = chain(&vs, 64)
+        .into_iter()
+        .map(|b| Counted {
+            lin: b.0,
+            runs: Default::default(),
+        })
+        .collect();
+    let x = Tensor::randn([BATCH, WIDTH], (Kind::Float, Device::Cpu));
+    let w = Tensor::randn([BATCH, WIDTH], (Kind::Float, Device::Cpu));
+    let step = |f: &dyn Fn() -> Tensor| {
+        for b in &blocks {
+            b.runs.store(0, Ordering::Relaxed);
+        }
+        let ((), report) = ckpt::memory::measure(Device::Cpu, || {
+            let loss = (f() * &w).sum(Kind::Float);
+            loss.backward();
+        });
+        let runs: Vec<usize> = blocks
+            .iter()
+            .map(|b| b.runs.load(Ordering::Relaxed))
+            .collect();
+        let mut grads: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        grads.sort_by(|a, b| a.0.cmp(&b.0));
+        let grads: Vec<Tensor> = grads.iter().map(|(_, v)| v.grad().copy()).collect();
+        zero_grads(&vs);
+        (report.peak_above_baseline_bytes as u64, runs, grads)
+    };
+    let plain = || blocks.iter().fold(x.shallow_clone(), |h, b| b.forward(&h));
+    let _ = step(&plain); // allocates the parameters' gradients
+    let (_, runs, reference) = step(&plain);
+    assert!(runs.iter().all(|&r| r == 1));
+
+    let least = ckpt::plan::profile_sequential(&blocks, &x)
+        .plan_min_peak()
+        .unwrap();
+    let (one_level, runs, grads) = step(&|| ckpt::checkpoint_sequential_plan(&blocks, &least, &x));
+    assert!(runs.iter().all(|&r| r <= 2));
+    assert_all_equal(&grads, &reference);
+
+    for (snapshots, r) in [(3, 6), (4, 4), (8, 3)] {
+        assert_eq!(ckpt::plan::binomial_repetitions(64, snapshots), Some(r));
+        let (peak, runs, grads) =
+            step(&|| ckpt::plan::checkpoint_sequential_binomial(&blocks, snapshots, &x));
+        println!(
+            "binomial, {snapshots} stashes: peak {peak} B ({:.1} activations), runs of a stage up to {} (bound 1 + {r}), {} in all; one level: {one_level} B ({:.1})",
+            peak as f64 / ACT as f64,
+            runs.iter().max().unwrap(),
+            runs.iter().sum::<usize>(),
+            one_level as f64 / ACT as f64
+        );
+        assert!(runs.iter().all(|&n| n <= 1 + r), "{runs:?}");
+        assert_all_equal(&grads, &reference);
+        if snapshots <= 4 {
+            assert!(
+                peak < one_level,
+                "{snapshots} stashes: {peak} vs {one_level}"
+            );
+        }
+    }
+    let err = ckpt::plan::f_checkpoint_sequential_binomial(&blocks, 0, &x).unwrap_err();
+    assert!(matches!(err, ckpt::CkptError::InvalidArgument(_)), "{err}");
+}
+
+fn assert_all_equal(a: &[Tensor], b: &[Tensor]) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(x.equal(y), "gradient {i} differs");
+    }
+}

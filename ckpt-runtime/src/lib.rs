@@ -45,5 +45,7 @@ pub use stash::{Carry, Stash};
 pub mod __private {
     pub use crate::checkpoint::run as run_segment;
     pub use crate::macro_support::*;
+    pub use crate::plan::__private::*;
+    pub use crate::plan::ModelPlans;
     pub use crate::{CheckpointOptions, ShallowClone, Shared, Stash};
 }

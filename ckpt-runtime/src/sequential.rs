@@ -52,6 +52,15 @@ pub fn sequential_segments(len: usize, segments: usize) -> Result<Vec<Range<usiz
 /// gradients land in the `VarStore`). Peak memory of a chain of `L` equal layers falls
 /// from about `L` activations to `L / segments` plus `segments` stashed inputs.
 ///
+/// **Choosing the cuts.** Equal groups are rarely the best cuts. To cut where a memory
+/// budget is met with the least recompute, or for the least peak, use
+/// [`checkpoint_sequential_plan`](crate::checkpoint_sequential_plan) with a
+/// [`Plan`](crate::plan::Plan) from the planner
+/// ([`profile_sequential`](crate::plan::profile_sequential) then
+/// [`ChainCost::plan`](crate::plan::ChainCost::plan)), or
+/// [`SequentialPlanner`](crate::plan::SequentialPlanner), which profiles once per input
+/// shape and caches the plan.
+///
 /// # Panics
 ///
 /// When [`f_checkpoint_sequential`] returns an error.

@@ -28,6 +28,9 @@ pub(crate) struct Binding {
     pub ident: Ident,
     /// `mut` at the binding site.
     pub mutable: bool,
+    /// Which binding this is, among the parameters and top-level `let`s of the function
+    /// (shadowing makes new ones): parameters first, in order, then definitions.
+    pub id: usize,
 }
 
 /// How a value enters a checkpointed segment.
@@ -83,6 +86,11 @@ pub(crate) struct Plan<'a> {
     pub self_span: Option<Span>,
     /// Module parameters captured by some checkpointed segment, in parameter order.
     pub captures: Vec<Ident>,
+    /// The bindings the last group uses that were defined before it, with the kind of
+    /// the parameters among them (`segments = auto` takes them out of its environment).
+    pub tail_uses: Vec<(Binding, Option<ParamKind>)>,
+    /// The parameters, in order, with their kinds.
+    pub params: Vec<(Binding, ParamKind)>,
 }
 
 /// Analyzes `func`. Errors go to `cx`; `None` when the function cannot be cut at all.
@@ -102,6 +110,9 @@ pub(crate) fn analyze<'a>(
             pat_bindings(&pt.pat, &mut bs);
             params.extend(bs.into_iter().map(|b| (b, kind)));
         }
+    }
+    for (id, (b, _)) in params.iter_mut().enumerate() {
+        b.id = id;
     }
 
     // Statements: items are hoisted, cut markers split.
@@ -132,22 +143,36 @@ pub(crate) fn analyze<'a>(
         .map(|(b, k)| (b.ident.to_string(), (b.clone(), Some(*k))))
         .collect();
     let fn_name = func.sig.ident.to_string();
+    let auto = args.auto.is_some();
     let mut walks = Vec::with_capacity(count);
     let mut bound_before = Vec::with_capacity(count);
+    let mut next_id = params.len();
     for (g, range) in ranges.iter().enumerate() {
         let checkpointed = g + 1 < count;
-        let mut walker = Walker::new(
-            cx,
-            checkpointed,
-            format!("segment {} of {count}", g + 1),
-            &fn_name,
-        );
+        let label = if auto {
+            format!("statement {} of {count}", g + 1)
+        } else {
+            format!("segment {} of {count}", g + 1)
+        };
+        let mut walker = Walker::new(cx, checkpointed, label, &fn_name);
+        walker.auto = auto;
         for stmt in &stmts[range.clone()] {
             walker.walk_top_level(stmt);
         }
-        let walk = walker.finish();
+        let mut walk = walker.finish();
+        if let (true, true, Some(q)) = (auto, checkpointed, walk.fallible) {
+            cx.error_at(
+                q,
+                format!(
+                    "`?` in statement {} of {count} of `{fn_name}`: with `segments = auto` (or `budget`) any statement but the last may be checkpointed, and the run-time cuts leave no segment to return the error from; move the `?` into the last statement, which runs inline, or use `segments = N` or `ckpt::cut!()` markers, which support `?`",
+                    g + 1
+                ),
+            );
+        }
         bound_before.push(bound.clone());
-        for b in &walk.defs {
+        for b in &mut walk.defs {
+            b.id = next_id;
+            next_id += 1;
             bound.insert(b.ident.to_string(), (b.clone(), None));
         }
         walks.push(walk);
@@ -201,6 +226,16 @@ pub(crate) fn analyze<'a>(
                         }
                         continue;
                     }
+                    Some(ParamKind::RefMut) if auto => {
+                        cx.error_at(
+                            *span,
+                            format!(
+                                "`&mut` parameter `{name}` in statement {} of {count}: with `segments = auto` (or `budget`) any statement but the last may be checkpointed, and a checkpointed statement runs again in backward, so it must not mutate what it did not create; use `{name}` in the last statement only, which runs inline, or pass `&{name}`",
+                                g + 1
+                            ),
+                        );
+                        continue;
+                    }
                     Some(ParamKind::RefMut) => {
                         cx.error_at(
                             *span,
@@ -246,6 +281,11 @@ pub(crate) fn analyze<'a>(
     }
     // Captures in parameter order.
     captures.sort_by_key(|c| params.iter().position(|(b, _)| &b.ident == c));
+    let tail_uses = walks[count - 1]
+        .uses
+        .iter()
+        .filter_map(|(name, _)| bound_before[count - 1].get(name).cloned())
+        .collect();
 
     cx.is_ok().then_some(Plan {
         stmts,
@@ -253,6 +293,8 @@ pub(crate) fn analyze<'a>(
         groups,
         self_span,
         captures,
+        tail_uses,
+        params,
     })
 }
 
@@ -264,6 +306,28 @@ fn make_groups(
     cuts: &[(usize, Span)],
     cx: &mut Ctxt,
 ) -> Option<Vec<Range<usize>>> {
+    if let Some((_, auto_span)) = args.auto {
+        if let [(_, span), ..] = cuts {
+            cx.error_at(
+                *span,
+                "`ckpt::cut!()` markers cannot be combined with `segments = auto` or `budget`, which choose the cuts at run time; remove the markers, or the argument",
+            );
+            return None;
+        }
+        if n < 2 {
+            cx.error_at(
+                auto_span,
+                format!(
+                    "`segments = auto` (or `budget`) needs at least 2 statements: the statements but the last are the stages the planner cuts, the last runs inline; the body has {n}"
+                ),
+            );
+            return None;
+        }
+        return Some((0..n).map(|i| i..i + 1).collect());
+    }
+    if args.budget_given {
+        return None; // a bad budget, or one with `segments = N`: reported while parsing
+    }
     if let (true, [(_, span), ..]) = (args.segments_given, cuts) {
         cx.error_at(
             *span,
@@ -335,6 +399,7 @@ pub(crate) fn pat_bindings(pat: &Pat, out: &mut Vec<Binding>) {
             out.push(Binding {
                 ident: p.ident.clone(),
                 mutable: p.mutability.is_some(),
+                id: 0,
             });
             if let Some((_, sub)) = &p.subpat {
                 pat_bindings(sub, out);
@@ -481,6 +546,8 @@ struct Walker<'c> {
     closure_depth: usize,
     /// Enclosing loops and labeled blocks of the current closure level: (label, is_loop).
     loops: Vec<(Option<String>, bool)>,
+    /// `segments = auto`: every statement but the last is a stage (messages differ).
+    auto: bool,
 }
 
 impl<'c> Walker<'c> {
@@ -499,6 +566,7 @@ impl<'c> Walker<'c> {
             allowed: Vec::new(),
             closure_depth: 0,
             loops: Vec::new(),
+            auto: false,
         }
     }
 
@@ -660,7 +728,14 @@ impl<'c> Walker<'c> {
     }
 
     fn control_flow(&mut self, node: impl quote::ToTokens, what: &str) {
-        if self.check {
+        if self.check && self.auto {
+            let message = format!(
+                "{what} in {segment} of `{f}` would leave the statement's stage closure, not `{f}`: with `segments = auto` (or `budget`) any statement but the last may be checkpointed; move it into the last statement, which runs inline, or use `segments = N` or `ckpt::cut!()` markers",
+                segment = self.segment,
+                f = self.fn_name,
+            );
+            self.cx.error_spanned_by(node, message);
+        } else if self.check {
             let message = format!(
                 "{what} in checkpointed {segment} would leave the segment's closure, not `{f}`; control flow that leaves a segment is allowed only in the last segment, which runs inline: put a `ckpt::cut!();` marker before this statement, or restructure",
                 segment = self.segment,

@@ -13,7 +13,8 @@ use syn::visit_mut::VisitMut;
 use syn::{Expr, Ident, Stmt};
 
 use super::analysis::{Binding, Group as SegmentGroup, Pass, Plan};
-use super::parse::{self, Args, Function};
+use super::parse::{self, Args, Function, ParamKind};
+use crate::budget::Objective;
 
 /// Tuples of the stash have at most this many elements; longer lists are nested.
 const MAX_TUPLE: usize = 12;
@@ -113,6 +114,9 @@ pub(crate) fn original(func: &Function) -> TokenStream {
 
 /// The expanded function.
 pub(crate) fn expand(func: &Function, args: &Args, plan: &Plan<'_>) -> TokenStream {
+    if let Some((objective, _)) = args.auto {
+        return expand_auto(func, args, plan, objective);
+    }
     let Function {
         attrs, vis, sig, ..
     } = func;
@@ -348,6 +352,291 @@ fn segment(
                 #(#clones)*
                 #call
             };
+        }
+    }
+}
+
+/// The witness of a slot's type (see `ckpt::plan`'s `statements` module).
+fn witness(slot: usize) -> Ident {
+    format_ident!("__ckpt_w{}", slot, span = Span::mixed_site())
+}
+
+/// [`witness`] located at `at` (a use of it whose type errors should point there).
+fn witness_at(slot: usize, at: Span) -> Ident {
+    format_ident!("__ckpt_w{}", slot, span = Span::mixed_site().located_at(at))
+}
+
+/// `segments = auto` / `budget`: every statement but the last is a stage closure over a
+/// type-erased environment of slots (one per binding that a later statement uses);
+/// `::ckpt::__private::run_stages` cuts them at run time as the plan for the input says,
+/// and the last statement runs inline on what is left.
+fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objective) -> TokenStream {
+    let Function {
+        attrs, vis, sig, ..
+    } = func;
+    let sig = &allow_unused_mut_params(sig);
+    let stages = &plan.groups[..plan.groups.len() - 1];
+    let n = stages.len();
+
+    // Slots: the parameters that stages use (in parameter order), then the bindings that
+    // stages define and later statements use (in order of definition).
+    let mut slot_of: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
+    let mut param_slots: Vec<(usize, &Binding, ParamKind)> = Vec::new();
+    for (b, kind) in &plan.params {
+        let used = stages
+            .iter()
+            .any(|g| g.inputs.iter().any(|i| i.binding.id == b.id));
+        if used && !matches!(kind, ParamKind::Capture | ParamKind::RefMut) {
+            let s = slot_of.len();
+            slot_of.insert(b.id, s);
+            param_slots.push((s, b, *kind));
+        }
+    }
+    for g in stages {
+        for b in &g.outputs {
+            let next = slot_of.len();
+            slot_of.entry(b.id).or_insert(next);
+        }
+    }
+    let slots = slot_of.len();
+    let kind_of = |id: usize| {
+        plan.params
+            .iter()
+            .find(|(b, _)| b.id == id)
+            .map(|(_, k)| *k)
+    };
+
+    // The last statement takes from the environment what stages defined, and the owned
+    // parameters that stages also used; other parameters are used as they are.
+    let tail_takes: Vec<(&Binding, usize)> = plan
+        .tail_uses
+        .iter()
+        .filter_map(|(b, kind)| match kind {
+            None | Some(ParamKind::Owned) => slot_of.get(&b.id).map(|&s| (b, s)),
+            _ => None,
+        })
+        .collect();
+
+    // Last use of each slot: a stage index, or `n` for the last statement.
+    let mut last_use = vec![None; slots];
+    for (i, g) in stages.iter().enumerate() {
+        for input in &g.inputs {
+            if let Some(&s) = slot_of.get(&input.binding.id) {
+                last_use[s] = Some(i);
+            }
+        }
+    }
+    for (_, s) in &tail_takes {
+        last_use[*s] = Some(n);
+    }
+
+    let options = mixed("__ckpt_options");
+    let preserve = args
+        .preserve_rng_state
+        .map(|b| quote!(.preserve_rng_state(#b)));
+    let determinism = args
+        .determinism_check
+        .map(|b| quote!(.determinism_check(#b)));
+    let env = mixed("__ckpt_env");
+    let shared_self = mixed("__ckpt_shared_self");
+    let any_self = stages.iter().any(|g| g.uses_self);
+    let self_capture = match (any_self, plan.self_span) {
+        (true, Some(span)) => {
+            let self_token = Ident::new("self", span);
+            quote_spanned!(span=> let #shared_self = ::ckpt::__private::capture(#self_token);)
+        }
+        _ => TokenStream::new(),
+    };
+    let captures = plan.captures.iter().map(|c| {
+        let shared = capture_ident(c);
+        quote_spanned!(c.span()=> let #shared = ::ckpt::__private::capture(#c);)
+    });
+
+    // The parameters that stages use enter the environment.
+    let puts = param_slots.iter().map(|(s, b, kind)| {
+        let ident = &b.ident;
+        let w = witness(*s);
+        let sp = ident.span();
+        let (probe, value) = match kind {
+            ParamKind::RefData => (
+                quote!(#ident),
+                quote_spanned!(sp=> ::ckpt::__private::dup(#ident)),
+            ),
+            ParamKind::RefSlice => (
+                quote!(#ident),
+                quote_spanned!(sp=> ::ckpt::__private::slice_to_vec(#ident)),
+            ),
+            ParamKind::RefStr => (
+                quote!(#ident),
+                quote_spanned!(sp=> ::std::string::String::from(#ident)),
+            ),
+            _ => (quote!(&#ident), quote!(#ident)),
+        };
+        quote_spanned! {sp=>
+            let #w = ::ckpt::__private::put_param(
+                &mut #env,
+                #s,
+                (&::ckpt::__private::KeyProbe(#probe)).__ckpt_key_hash(),
+                #value,
+            );
+        }
+    });
+
+    // The stages.
+    let stage_env = mixed("__ckpt_env");
+    let mut stage_defs = Vec::new();
+    let mut stage_names = Vec::new();
+    let mut uses_table = Vec::new();
+    let mut defs_table = Vec::new();
+    for (i, g) in stages.iter().enumerate() {
+        let stage_ident = format_ident!("__ckpt_s{}", i, span = Span::mixed_site());
+        stage_names.push(stage_ident.clone());
+        let out_slots: Vec<usize> = g.outputs.iter().map(|b| slot_of[&b.id]).collect();
+        let mut clones = Vec::new();
+        let mut locks = Vec::new();
+        if g.uses_self {
+            let guard = mixed("__ckpt_self_guard");
+            let self_ref = mixed("__ckpt_self");
+            clones.push(quote!(let #shared_self = ::ckpt::__private::ShallowClone::shallow_clone(&#shared_self);));
+            locks.push(quote!(let #guard = #shared_self.lock(); let #self_ref = &*#guard;));
+        }
+        for c in &g.captures {
+            let shared = capture_ident(c);
+            let guard = format_ident!("{}_guard", shared);
+            clones.push(
+                quote!(let #shared = ::ckpt::__private::ShallowClone::shallow_clone(&#shared);),
+            );
+            locks.push(quote!(let #guard = #shared.lock(); let #c = &*#guard;));
+        }
+        let mut takes = Vec::new();
+        let mut in_slots = Vec::new();
+        for input in &g.inputs {
+            let s = slot_of[&input.binding.id];
+            in_slots.push(s);
+            let ident = &input.binding.ident;
+            let w = witness_at(s, ident.span());
+            let keep = last_use[s].is_some_and(|l| l > i) && !out_slots.contains(&s);
+            let pat = binding_pat(&input.binding);
+            // Spanned on the binding's definition: a type that cannot be stashed is
+            // reported there (by `put`, and again here), not at the attribute.
+            let take =
+                quote_spanned!(ident.span()=> ::ckpt::__private::take(#stage_env, #s, #w, #keep));
+            takes.push(match kind_of(input.binding.id) {
+                Some(ParamKind::RefData) => quote!(let #ident = #take; let #ident = &#ident;),
+                Some(ParamKind::RefSlice) => {
+                    quote!(let #ident = #take; let #ident: &[_] = &#ident;)
+                }
+                Some(ParamKind::RefStr) => quote!(let #ident = #take; let #ident: &str = &#ident;),
+                _ => quote!(#[allow(unused_mut, unused_variables)] let #pat = #take;),
+            });
+        }
+        let mut_out = g.outputs.iter().any(|b| b.mutable);
+        let stmts = plan.stmts[g.stmts.clone()].iter().map(|s| {
+            let mut s = emit_stmt(s, true);
+            match &mut s {
+                // A non-final expression statement without `;` (a block-like `if`,
+                // `for`): the stage's own tail follows it.
+                Stmt::Expr(e, None) => s = Stmt::Expr(e.clone(), Some(Default::default())),
+                // A `let mut` that a later statement mutates: not mutated here.
+                Stmt::Local(l) if mut_out => l.attrs.push(syn::parse_quote!(#[allow(unused_mut)])),
+                _ => {}
+            }
+            s
+        });
+        let puts: Vec<TokenStream> = g
+            .outputs
+            .iter()
+            .map(|b| {
+                let ident = &b.ident;
+                let s = slot_of[&b.id];
+                quote_spanned!(ident.span()=> ::ckpt::__private::put(#stage_env, #s, #ident))
+            })
+            .collect();
+        let witnesses: Vec<TokenStream> = out_slots
+            .iter()
+            .map(|&s| {
+                let w = witness(s);
+                quote!(#w)
+            })
+            .collect();
+        let (out_value, out_pat) = (nest(puts), nest(witnesses));
+        stage_defs.push(quote! {
+            let (#stage_ident, #out_pat) = {
+                #(#clones)*
+                ::ckpt::__private::stage(move |#stage_env: &mut ::ckpt::__private::Env| {
+                    #(#locks)*
+                    #(#takes)*
+                    #(#stmts)*
+                    #out_value
+                })
+            };
+        });
+        uses_table.push(quote!(&[#(#in_slots),*]));
+        defs_table.push(quote!(&[#(#out_slots),*]));
+    }
+
+    // The last statement.
+    let tail_bind = tail_takes.iter().map(|(b, s)| {
+        let w = witness_at(*s, b.ident.span());
+        let pat = binding_pat(b);
+        let take =
+            quote_spanned!(b.ident.span()=> ::ckpt::__private::take(&mut #env, #s, #w, false));
+        quote!(#[allow(unused_mut)] let #pat = #take;)
+    });
+    let tail_slots = tail_takes.iter().map(|(_, s)| *s);
+    let last = &plan.groups[plan.groups.len() - 1];
+    let tail = plan.stmts[last.stmts.clone()]
+        .iter()
+        .map(|s| emit_stmt(s, false));
+
+    let items = plan.items.iter().map(|s| emit_stmt(s, false));
+    let fn_name = func.sig.ident.to_string();
+    let owner = if plan.self_span.is_some() {
+        quote!(::core::option::Option::Some(
+            ::ckpt::__private::short_type_name::<Self>()
+        ))
+    } else {
+        quote!(::core::option::Option::None)
+    };
+    let first_span = plan
+        .stmts
+        .first()
+        .map_or_else(Span::call_site, |s| s.span());
+    let line = quote_spanned!(first_span=> ::core::line!());
+    let chain = mixed("__CKPT_CHAIN");
+    let objective = objective.tokens();
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            #(#items)*
+            #[allow(unused_imports)]
+            use ::ckpt::__private::{ViaHash as _, ViaNoHash as _};
+            static #chain: ::ckpt::__private::FnChain = ::ckpt::__private::FnChain::new(
+                #fn_name,
+                #slots,
+                &[#(#uses_table),*],
+                &[#(#defs_table),*],
+                &[#(#tail_slots),*],
+                #objective,
+            );
+            let #options = ::ckpt::__private::CheckpointOptions::new() #preserve #determinism;
+            #[allow(unused_mut)]
+            let mut #env = ::ckpt::__private::Env::new(#slots);
+            #(#puts)*
+            #self_capture
+            #(#captures)*
+            #(#stage_defs)*
+            ::ckpt::__private::run_stages(
+                &#chain,
+                &#options,
+                #owner,
+                ::core::file!(),
+                #line,
+                ::std::vec![#(#stage_names),*],
+                &mut #env,
+            );
+            #(#tail_bind)*
+            #(#tail)*
         }
     }
 }

@@ -10,16 +10,19 @@ use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{
-    Attribute, Block, Expr, FnArg, Ident, LitBool, LitInt, Pat, Signature, Stmt, Token, Type,
-    Visibility,
+    Attribute, Block, Expr, FnArg, Ident, LitBool, LitInt, LitStr, Pat, Signature, Stmt, Token,
+    Type, Visibility,
 };
 
+use crate::budget::{self, Objective};
 use crate::ctxt::Ctxt;
 
 mod kw {
     syn::custom_keyword!(segments);
     syn::custom_keyword!(preserve_rng_state);
     syn::custom_keyword!(determinism_check);
+    syn::custom_keyword!(auto);
+    syn::custom_keyword!(budget);
 }
 
 /// The arguments of `#[checkpointed(..)]`.
@@ -29,6 +32,15 @@ pub(crate) struct Args {
     pub segments: Option<(usize, Span)>,
     /// Whether a `segments` key was written (valid or not).
     pub segments_given: bool,
+    /// `segments = auto` and/or `budget = ".."`: the planner chooses the cuts at run time,
+    /// with the span of `auto` or of the budget string.
+    pub auto: Option<(Objective, Span)>,
+    /// `segments = auto` was written (span of `auto`).
+    auto_kw: Option<Span>,
+    /// `budget = ".."` was written (valid or not).
+    pub budget_given: bool,
+    /// The parsed budget, with the span of its string.
+    budget: Option<(Objective, Span)>,
     /// `preserve_rng_state = bool` (default `true`).
     pub preserve_rng_state: Option<bool>,
     /// `determinism_check = bool` (default `true`).
@@ -37,7 +49,7 @@ pub(crate) struct Args {
     pub span: Option<Span>,
 }
 
-const VALID_KEYS: &str = "`segments = N`, `preserve_rng_state = bool`, `determinism_check = bool`";
+const VALID_KEYS: &str = "`segments = N`, `segments = auto`, `budget = \"..\"`, `preserve_rng_state = bool`, `determinism_check = bool`";
 
 /// Parses `key = value, ..`, collecting every error (unknown and duplicate keys, bad
 /// values) in `cx` and recovering at the next comma.
@@ -68,6 +80,17 @@ pub(crate) fn parse_args(tokens: TokenStream, cx: &mut Ctxt) -> Args {
     if let Err(e) = parser.parse2(tokens) {
         cx.push(e);
     }
+    match (&args.segments, args.budget, args.auto_kw) {
+        (Some(_), Some((_, span)), _) => cx.error_at(
+            span,
+            "`budget` chooses the cuts itself, so it cannot be combined with `segments = N`; remove `segments = N` (or write `segments = auto, budget = ..`)",
+        ),
+        (None, Some(budget), _) => args.auto = Some(budget),
+        (None, None, Some(span)) if !args.budget_given => {
+            args.auto = Some((Objective::MinPeak, span));
+        }
+        _ => {}
+    }
     args
 }
 
@@ -90,16 +113,25 @@ fn parse_one(input: ParseStream, args: &mut Args, cx: &mut Ctxt) -> syn::Result<
     let lookahead = input.lookahead1();
     if lookahead.peek(kw::segments) {
         let key: kw::segments = input.parse()?;
-        args.segments_given = true;
+        let seen = std::mem::replace(&mut args.segments_given, true);
         input.parse::<Token![=]>()?;
+        if input.peek(kw::auto) {
+            let auto: kw::auto = input.parse()?;
+            if seen {
+                cx.error_spanned_by(key, "duplicate argument `segments`");
+            } else {
+                args.auto_kw = Some(auto.span);
+            }
+            return Ok(());
+        }
         let n: LitInt = input.parse().map_err(|e| {
             syn::Error::new(
                 e.span(),
-                "`segments` takes a positive integer: `segments = 4`",
+                "`segments` takes a positive integer or `auto`: `segments = 4`, `segments = auto`",
             )
         })?;
         let value: usize = n.base10_parse()?;
-        if args.segments.is_some() {
+        if seen {
             cx.error_spanned_by(key, "duplicate argument `segments`");
         } else if value == 0 {
             cx.error_spanned_by(
@@ -113,6 +145,25 @@ fn parse_one(input: ParseStream, args: &mut Args, cx: &mut Ctxt) -> syn::Result<
             );
         } else {
             args.segments = Some((value, n.span()));
+        }
+        Ok(())
+    } else if lookahead.peek(kw::budget) {
+        let key: kw::budget = input.parse()?;
+        let seen = std::mem::replace(&mut args.budget_given, true);
+        input.parse::<Token![=]>()?;
+        let lit: LitStr = input.parse().map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                "`budget` takes a string: `budget = \"512 MiB\"` or `budget = \"40%\"`",
+            )
+        })?;
+        if seen {
+            cx.error_spanned_by(key, "duplicate argument `budget`");
+            return Ok(());
+        }
+        match budget::parse(&lit.value()) {
+            Ok(objective) => args.budget = Some((objective, lit.span())),
+            Err(message) => cx.error_spanned_by(&lit, message),
         }
         Ok(())
     } else if lookahead.peek(kw::preserve_rng_state) {

@@ -82,6 +82,25 @@ fn snapshot_residual_skip_connection() {
     ));
 }
 
+/// `budget = ".."` (and `segments = auto`): one stage closure per statement but the last
+/// over the slots of an environment, types carried by witnesses, the plan at run time.
+#[test]
+fn snapshot_auto_budget_stages() {
+    insta::assert_snapshot!(pretty(
+        quote!(budget = "40%"),
+        quote! {
+            fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
+                let h = self.block1.forward_t(xs, train);
+                let (a, b) = (h.relu(), h.tanh());
+                let n = a.size()[0];
+                let ys = self.block2.forward_t(&(a + b), train);
+                ys + h * (n as f64)
+            }
+        },
+        true
+    ));
+}
+
 #[test]
 fn snapshot_explicit_cuts_question_mark_generic() {
     insta::assert_snapshot!(pretty(

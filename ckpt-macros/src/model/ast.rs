@@ -12,6 +12,9 @@ pub(crate) struct Model {
     pub attrs: Vec<Attribute>,
     /// `#[checkpointed(..)]`, when present and valid.
     pub checkpoint: Option<Checkpoint>,
+    /// Whether `#[checkpointed]` is present (valid or not): the stubs emitted next to
+    /// errors then include the schedule methods.
+    pub checkpointed: bool,
     pub vis: Visibility,
     pub ident: Ident,
     /// Generics and `where` clause of the struct.
@@ -43,16 +46,14 @@ pub(crate) struct Checkpoint {
     pub determinism_check: Option<bool>,
 }
 
-/// How the chain is cut into segments.
-///
-/// `segments = auto` and `budget = ".."` (the planner, issue 7) will be further variants;
-/// their run-time side needs only what the expansion already generates per model: the
-/// number of stages (`__ckpt_len`), a function running one stage (`__ckpt_stage`) for the
-/// profile, and the per-call values (`__ckpt_context`). The ranges then come from the plan
-/// instead of `ckpt::sequential_segments`.
+/// How the chain is cut into segments: the schedule a model starts with
+/// (`ckpt::plan::Schedule`; the generated `set_schedule` changes it at run time).
 pub(crate) enum Segments {
     /// `segments = N`: `ckpt::sequential_segments(len, N)` at run time.
     Fixed(usize),
+    /// `segments = auto` or `budget = ".."`: the planner's cuts, from a profile of the
+    /// stages (`__ckpt_stage`) made once per input.
+    Auto(crate::budget::Objective),
 }
 
 /// An item of the declaration.

@@ -9,6 +9,7 @@ use syn::spanned::Spanned;
 use syn::{Attribute, Ident, LitBool, LitInt, LitStr, Meta, Token};
 
 use super::ast::{Checkpoint, Segments};
+use crate::budget::{self, Objective};
 use crate::ctxt::Ctxt;
 
 mod kw {
@@ -19,7 +20,7 @@ mod kw {
     syn::custom_keyword!(auto);
 }
 
-const VALID_KEYS: &str = "`segments = N`, `preserve_rng_state = bool`, `determinism_check = bool`";
+const VALID_KEYS: &str = "`segments = N`, `segments = auto`, `budget = \"..\"`, `preserve_rng_state = bool`, `determinism_check = bool`";
 
 /// Whether `attr` is `#[checkpointed]` / `#[ckpt::checkpointed]`.
 pub(crate) fn is_checkpointed(attr: &Attribute) -> bool {
@@ -74,14 +75,26 @@ pub(crate) fn parse_checkpointed(attr: &Attribute, cx: &mut Ctxt) -> Option<Chec
     if let Err(e) = local.finish() {
         cx_outer.push(e);
     }
-    let Some(segments) = args.segments else {
-        if !had_errors && !args.segments_seen {
-            cx_outer.error_spanned_by(
-                attr,
-                "`#[checkpointed]` on a `model!` needs `segments = N`: the number of segments the chain of stages is cut into (`segments = 1` checkpoints nothing)",
+    let segments = match (args.segments, args.budget, args.auto) {
+        (Some(Segments::Fixed(_)), Some((_, span)), _) => {
+            cx_outer.error_at(
+                span,
+                "`budget` chooses the cuts itself, so it cannot be combined with `segments = N`; remove `segments = N` (or write `segments = auto, budget = ..`)",
             );
+            return None;
         }
-        return None;
+        (Some(s), None, _) => s,
+        (_, Some((objective, _)), _) => Segments::Auto(objective),
+        (None, None, true) => Segments::Auto(Objective::MinPeak),
+        (None, None, false) => {
+            if !had_errors && !args.segments_seen {
+                cx_outer.error_spanned_by(
+                    attr,
+                    "`#[checkpointed]` on a `model!` needs `segments = N` (the number of segments the chain of stages is cut into; `segments = 1` checkpoints nothing), `segments = auto` (the planner chooses the cuts for the least peak memory) or `budget = \"..\"` (the least recompute within a memory budget)",
+                );
+            }
+            return None;
+        }
     };
     Some(Checkpoint {
         segments,
@@ -93,6 +106,11 @@ pub(crate) fn parse_checkpointed(attr: &Attribute, cx: &mut Ctxt) -> Option<Chec
 #[derive(Default)]
 struct Args {
     segments: Option<Segments>,
+    /// `segments = auto` was given.
+    auto: bool,
+    /// `budget = ".."`, parsed, with the span of the string.
+    budget: Option<(Objective, Span)>,
+    budget_seen: bool,
     /// `segments` was given, with a value rejected by an error already reported.
     segments_seen: bool,
     preserve_rng_state: Option<bool>,
@@ -113,8 +131,6 @@ fn skip_to_comma(input: ParseStream) -> syn::Result<()> {
         Ok(((), rest))
     })
 }
-
-const NOT_YET: &str = "is not yet supported by `model!` (the planner, which chooses the cuts from a profile of the stages, is a later step); use `segments = N`";
 
 fn parse_one(input: ParseStream, args: &mut Args, cx: &mut Ctxt) -> syn::Result<()> {
     let lookahead = input.lookahead1();
@@ -140,14 +156,14 @@ fn parse_one(input: ParseStream, args: &mut Args, cx: &mut Ctxt) -> syn::Result<
         }
         args.segments_seen = true;
         if input.peek(kw::auto) {
-            let auto: kw::auto = input.parse()?;
-            cx.error_spanned_by(auto, format!("`segments = auto` {NOT_YET}"));
+            input.parse::<kw::auto>()?;
+            args.auto = true;
             return Ok(());
         }
         let n: LitInt = input.parse().map_err(|e| {
             syn::Error::new(
                 e.span(),
-                "`segments` takes a positive integer: `segments = 3`",
+                "`segments` takes a positive integer or `auto`: `segments = 3`, `segments = auto`",
             )
         })?;
         let value: usize = n.base10_parse()?;
@@ -163,10 +179,20 @@ fn parse_one(input: ParseStream, args: &mut Args, cx: &mut Ctxt) -> syn::Result<
     } else if lookahead.peek(kw::budget) {
         let key: kw::budget = input.parse()?;
         input.parse::<Token![=]>()?;
-        let _: LitStr = input.parse().map_err(|e| {
-            syn::Error::new(e.span(), "`budget` takes a string: `budget = \"512 MiB\"`")
+        let lit: LitStr = input.parse().map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                "`budget` takes a string: `budget = \"512 MiB\"` or `budget = \"40%\"`",
+            )
         })?;
-        cx.error_spanned_by(key, format!("`budget = ..` {NOT_YET}"));
+        if std::mem::replace(&mut args.budget_seen, true) {
+            cx.error_spanned_by(key, "duplicate argument `budget`");
+            return Ok(());
+        }
+        match budget::parse(&lit.value()) {
+            Ok(objective) => args.budget = Some((objective, lit.span())),
+            Err(message) => cx.error_spanned_by(&lit, message),
+        }
         Ok(())
     } else if lookahead.peek(kw::preserve_rng_state) {
         let key: kw::preserve_rng_state = input.parse()?;

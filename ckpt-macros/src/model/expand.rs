@@ -194,7 +194,11 @@ fn struct_def(model: &Model, stub: bool) -> TokenStream {
             let f = dropout_field(k);
             quote!(#f: f64,)
         });
-        quote!(#(#d)*)
+        let plans = model
+            .checkpoint
+            .is_some()
+            .then(|| quote!(__ckpt_plans: ::ckpt::__private::ModelPlans,));
+        quote!(#(#d)* #plans)
     };
     let chain_doc = chain_doc(model);
     let allow = stub.then(|| quote!(#[allow(dead_code)]));
@@ -234,8 +238,12 @@ fn chain_doc(model: &Model) -> TokenStream {
     let ckpt = match &model.checkpoint {
         Some(c) => match c.segments {
             Segments::Fixed(n) => format!(
-                " Checkpointed: the stages are cut into {n} segment{} (`ckpt::sequential_segments`), every one but the last recomputed in backward.",
+                " Checkpointed: the stages are cut into {n} segment{} (`ckpt::sequential_segments`), every one but the last recomputed in backward; `set_schedule` changes the cuts at run time.",
                 if n == 1 { "" } else { "s" }
+            ),
+            Segments::Auto(objective) => format!(
+                " Checkpointed: the planner cuts the stages for {}, from a profile of the stages made on the first training call for each input shape; `set_schedule` changes the cuts at run time, `plan_for` shows the plan.",
+                objective.describe()
             ),
         },
         None => String::new(),
@@ -371,6 +379,10 @@ fn constructor(model: &Model) -> TokenStream {
             _ => {}
         }
     }
+    if let Some(c) = &model.checkpoint {
+        let schedule = schedule_tokens(&c.segments);
+        assigns.push(quote!(__ckpt_plans: ::ckpt::__private::ModelPlans::new(#schedule)));
+    }
     let doc = new_doc(model);
     quote! {
         #doc
@@ -378,6 +390,17 @@ fn constructor(model: &Model) -> TokenStream {
             #root_binding
             #(#inits)*
             Self { #(#assigns),* }
+        }
+    }
+}
+
+/// The declared `ckpt::plan::Schedule`.
+fn schedule_tokens(segments: &Segments) -> TokenStream {
+    match segments {
+        Segments::Fixed(n) => quote!(::ckpt::plan::Schedule::Segments(#n)),
+        Segments::Auto(objective) => {
+            let o = objective.tokens();
+            quote!(::ckpt::plan::Schedule::Auto(#o))
         }
     }
 }
@@ -782,14 +805,6 @@ fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
         mixed("__ckpt_x"),
         mixed("__ckpt_c"),
     );
-    let ranges_expr = match checkpoint.segments {
-        Segments::Fixed(n) => quote! {
-            match ::ckpt::sequential_segments(self.__ckpt_len(), #n) {
-                ::core::result::Result::Ok(r) => r,
-                ::core::result::Result::Err(e) => ::core::panic!("{}", e),
-            }
-        },
-    };
     let preserve = checkpoint
         .preserve_rng_state
         .map(|b| quote!(.preserve_rng_state(#b)));
@@ -802,19 +817,48 @@ fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
         "forward"
     };
     let line = quote_spanned!(model.ident.span()=> ::core::line!());
+    let key_train = if needs_train(model) {
+        quote!(::core::option::Option::Some(#train))
+    } else {
+        quote!(::core::option::Option::None)
+    };
+    let (len, p_x, planned, r, e) = (
+        mixed("__ckpt_len"),
+        mixed("__ckpt_px"),
+        mixed("__ckpt_planned"),
+        mixed("__ckpt_r"),
+        mixed("__ckpt_e"),
+    );
+    let ranges_expr = quote! {{
+        let #len = self.__ckpt_len();
+        let #planned = self.__ckpt_plans.ranges(#len, #xs, #key_train, || {
+            ::ckpt::__private::profile_stages(&#options, #len, #xs, |#i: usize, #p_x: &#t| {
+                self.__ckpt_stage(#i, #t::shallow_clone(#p_x), #train, &#ctx)
+            })
+        });
+        match #planned {
+            ::core::result::Result::Ok(#r) => #r,
+            ::core::result::Result::Err(#e) => ::core::panic!(
+                "{}::{}: {}",
+                ::ckpt::__private::short_type_name::<Self>(),
+                #method,
+                #e
+            ),
+        }
+    }};
     let ctx_in = lets(model).enumerate().map(|(n, l)| {
         let n = syn::Index::from(n);
         located_at(quote!(::ckpt::__private::dup(&#ctx.#n)), type_span(&l.ty))
     });
     quote! {
         let #ctx = self.__ckpt_context(#xs, #train);
+        let #options = ::ckpt::__private::CheckpointOptions::new() #preserve #determinism;
         let #ranges: ::std::vec::Vec<::core::ops::Range<usize>> = #ranges_expr;
         let (#last, #ckpt) = #ranges
             .split_last()
-            .expect("ckpt::sequential_segments returns at least one range");
+            .expect("a schedule gives at least one range");
         let mut #h = #t::shallow_clone(#xs);
         if !#ckpt.is_empty() {
-            let #options = ::ckpt::__private::CheckpointOptions::new() #preserve #determinism;
             let #shared = ::ckpt::__private::capture(self);
             let #count = #ranges.len();
             for (#k, #range) in #ckpt.iter().enumerate() {
@@ -867,6 +911,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
     let rt = with_bounds(&model.generics, runtime_bounds(model));
     let (rt_impl, _, rt_where) = rt.split_for_impl();
     let hidden = hidden_methods(model);
+    let schedule_methods = schedule_methods(model, &rt);
 
     let module_impl = if needs_train(model) {
         quote! {
@@ -911,10 +956,17 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         };
         quote!(#ident: #value)
     });
-    let sc_hidden = dropouts(model).map(|(k, _)| {
-        let f = dropout_field(k);
-        quote!(#f: self.#f)
-    });
+    let sc_hidden = dropouts(model)
+        .map(|(k, _)| {
+            let f = dropout_field(k);
+            quote!(#f: self.#f)
+        })
+        .chain(
+            model
+                .checkpoint
+                .is_some()
+                .then(|| quote!(__ckpt_plans: ::core::clone::Clone::clone(&self.__ckpt_plans))),
+        );
 
     let dbg = with_bounds(&model.generics, quote!(::core::fmt::Debug));
     let (dbg_impl, _, dbg_where) = dbg.split_for_impl();
@@ -924,7 +976,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         let s = ident.to_string();
         quote!(.field(#s, &self.#ident))
     });
-    let finish = if dropouts(model).next().is_some() {
+    let finish = if dropouts(model).next().is_some() || model.checkpoint.is_some() {
         quote!(finish_non_exhaustive)
     } else {
         quote!(finish)
@@ -944,6 +996,8 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
 
         #module_impl
 
+        #schedule_methods
+
         #[automatically_derived]
         impl #sc_impl ::ckpt::__private::ShallowClone for #ident #ty_g #sc_where {
             fn shallow_clone(&self) -> Self {
@@ -960,6 +1014,169 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         impl #dbg_impl ::core::fmt::Debug for #ident #ty_g #dbg_where {
             fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
                 f.debug_struct(#name) #(#dbg_fields)* .#finish()
+            }
+        }
+    }
+}
+
+/// The public methods of a checkpointed model that change and show its schedule.
+fn schedule_methods(model: &Model, rt: &Generics) -> TokenStream {
+    if model.checkpoint.is_none() {
+        return TokenStream::new();
+    }
+    let ident = &model.ident;
+    let vis = &model.vis;
+    let (rt_impl, ty_g, rt_where) = rt.split_for_impl();
+    let t = tensor();
+    let (schedule, plan, err, result) = (
+        quote!(::ckpt::plan::Schedule),
+        quote!(::ckpt::plan::Plan),
+        quote!(::ckpt::CkptError),
+        quote!(::core::result::Result),
+    );
+    let method = if needs_train(model) {
+        "forward_t"
+    } else {
+        "forward"
+    };
+    let (train_param, train_arg, key_train) = if needs_train(model) {
+        let train = mixed("train");
+        (
+            quote!(, #train: bool),
+            quote!(#train),
+            quote!(::core::option::Option::Some(#train)),
+        )
+    } else {
+        (
+            TokenStream::new(),
+            quote!(false),
+            quote!(::core::option::Option::None),
+        )
+    };
+    let c = model.checkpoint.as_ref().expect("checked");
+    let preserve = c
+        .preserve_rng_state
+        .map(|b| quote!(.preserve_rng_state(#b)));
+    let determinism = c.determinism_check.map(|b| quote!(.determinism_check(#b)));
+    let (xs, len, ctx, options, i, p_x) = (
+        mixed("xs"),
+        mixed("__ckpt_len"),
+        mixed("__ckpt_ctx"),
+        mixed("__ckpt_options"),
+        mixed("__ckpt_i"),
+        mixed("__ckpt_px"),
+    );
+    let plan_doc = format!(
+        " The plan the chain is cut with for inputs like `xs` (and the train flag): the cuts, \
+         the predicted peak memory and extra time (`Plan::explain`, or `Display`). For \
+         `segments = auto` and `budget` schedules it is the planner's plan, cached per input \
+         shape, dtype, device and train flag, which the next `{method}` uses; for fixed \
+         schedules, their cuts evaluated on the profile. Profiles the stages on first sight \
+         of the input (one extra forward and backward of each stage, drawing from the random \
+         generators as dropout does: call it before seeding to keep a run reproducible)."
+    );
+    quote! {
+        #[allow(dead_code)]
+        impl #rt_impl #ident #ty_g #rt_where {
+            /// The schedule the chain is cut with: the one `#[checkpointed(..)]` declares,
+            /// or the last `set_schedule`.
+            #vis fn schedule(&self) -> #schedule {
+                ::core::clone::Clone::clone(self.__ckpt_plans.schedule())
+            }
+
+            /// Cuts the chain as `schedule` says from the next forward call on
+            /// (`Schedule::Segments(n)`, `Schedule::Cuts(..)`, `Schedule::Auto(..)`).
+            /// Plans cached for the old schedule are forgotten; profiles are kept.
+            ///
+            /// # Errors
+            ///
+            /// `CkptError::InvalidArgument` for `Segments(0)`, cuts that are not strictly
+            /// increasing within `1..stages`, or a budget fraction that is not positive
+            /// and finite; the schedule is unchanged then.
+            #vis fn set_schedule(&mut self, schedule: #schedule) -> #result<(), #err> {
+                let #len = self.__ckpt_len();
+                self.__ckpt_plans.set(schedule, #len)
+            }
+
+            /// `set_schedule(Schedule::Segments(segments))`: `segments` groups as
+            /// `ckpt::sequential_segments` makes them (1 checkpoints nothing).
+            ///
+            /// # Errors
+            ///
+            /// `CkptError::InvalidArgument` for `segments = 0`.
+            #vis fn set_segments(&mut self, segments: usize) -> #result<(), #err> {
+                self.set_schedule(#schedule::Segments(segments))
+            }
+
+            /// `set_schedule(Schedule::Cuts(plan.cuts()))`: the cuts of a plan (of
+            /// `plan_for`, or of `ChainCost::evaluate` on this model's profile).
+            ///
+            /// # Errors
+            ///
+            /// `CkptError::InvalidArgument` when the plan is for a chain of another length.
+            #vis fn set_plan(&mut self, plan: &#plan) -> #result<(), #err> {
+                let #len = self.__ckpt_len();
+                if plan.len() != #len {
+                    return #result::Err(::ckpt::CkptError::InvalidArgument(::std::format!(
+                        "the plan is for a chain of {} stages, but `{}` has {}",
+                        plan.len(),
+                        ::ckpt::__private::short_type_name::<Self>(),
+                        #len
+                    )));
+                }
+                self.set_schedule(#schedule::Cuts(::std::vec::Vec::from(plan.cuts())))
+            }
+
+            /// `set_schedule(Schedule::Auto(Objective::MinPeak))`: `segments = auto`, the
+            /// planner's cuts for the least predicted peak.
+            ///
+            /// # Errors
+            ///
+            /// None in practice; `Result` for symmetry with the other setters.
+            #vis fn set_auto(&mut self) -> #result<(), #err> {
+                self.set_schedule(#schedule::Auto(::ckpt::plan::Objective::MinPeak))
+            }
+
+            /// `set_schedule(Schedule::Auto(Objective::Budget(budget)))`: the planner's
+            /// cuts for the least recompute within `budget` (`"512 MiB".parse()?`,
+            /// `"40%".parse()?`, `Budget::Bytes(..)`). A budget below the least feasible
+            /// peak makes the next training forward panic with `CkptError::BudgetTooSmall`,
+            /// which states the smallest feasible budget; `plan_for` returns it as an error.
+            ///
+            /// # Errors
+            ///
+            /// `CkptError::InvalidArgument` for a fraction that is not positive and finite.
+            #vis fn set_budget(&mut self, budget: ::ckpt::plan::Budget) -> #result<(), #err> {
+                self.set_schedule(#schedule::Auto(::ckpt::plan::Objective::Budget(budget)))
+            }
+
+            #[doc = #plan_doc]
+            ///
+            /// # Errors
+            ///
+            /// `CkptError::BudgetTooSmall` when no plan fits the budget; as
+            /// `ckpt::memory::f_stats` for an unsupported device.
+            #vis fn plan_for(&self, #xs: &#t #train_param) -> #result<#plan, #err> {
+                let #len = self.__ckpt_len();
+                let #ctx = self.__ckpt_context(#xs, #train_arg);
+                let #options = ::ckpt::__private::CheckpointOptions::new() #preserve #determinism;
+                self.__ckpt_plans.plan(#len, #xs, #key_train, || {
+                    ::ckpt::__private::profile_stages(&#options, #len, #xs, |#i: usize, #p_x: &#t| {
+                        self.__ckpt_stage(#i, #t::shallow_clone(#p_x), #train_arg, &#ctx)
+                    })
+                })
+            }
+
+            /// The names of the stages of the chain, in order (`fc1`, `relu`,
+            /// `blocks[3]`); their number is the length of the chain.
+            #vis fn stage_names(&self) -> ::std::vec::Vec<::std::string::String> {
+                (0..self.__ckpt_len()).map(|#i| self.__ckpt_stage_name(#i)).collect()
+            }
+
+            /// Forgets the profiles and plans cached for every input: the next training
+            /// call (or `plan_for`) profiles again.
+            #vis fn clear_plans(&self) {
+                self.__ckpt_plans.clear();
             }
         }
     }
@@ -994,6 +1211,30 @@ pub(crate) fn stubs(model: &Model) -> TokenStream {
         }
     };
     let name = ident.to_string();
+    let schedule_stubs = model.checkpointed.then(|| {
+        let vis = &model.vis;
+        let (schedule, plan, err, result) = (
+            quote!(::ckpt::plan::Schedule),
+            quote!(::ckpt::plan::Plan),
+            quote!(::ckpt::CkptError),
+            quote!(::core::result::Result),
+        );
+        let train = needs_train(model).then(|| quote!(, _: bool));
+        quote! {
+            #[allow(dead_code, unused_variables, clippy::all)]
+            impl #impl_g #ident #ty_g #where_g {
+                #vis fn schedule(&self) -> #schedule { ::core::unimplemented!() }
+                #vis fn set_schedule(&mut self, _: #schedule) -> #result<(), #err> { ::core::unimplemented!() }
+                #vis fn set_segments(&mut self, _: usize) -> #result<(), #err> { ::core::unimplemented!() }
+                #vis fn set_plan(&mut self, _: &#plan) -> #result<(), #err> { ::core::unimplemented!() }
+                #vis fn set_auto(&mut self) -> #result<(), #err> { ::core::unimplemented!() }
+                #vis fn set_budget(&mut self, _: ::ckpt::plan::Budget) -> #result<(), #err> { ::core::unimplemented!() }
+                #vis fn plan_for(&self, _: &#t #train) -> #result<#plan, #err> { ::core::unimplemented!() }
+                #vis fn stage_names(&self) -> ::std::vec::Vec<::std::string::String> { ::core::unimplemented!() }
+                #vis fn clear_plans(&self) { ::core::unimplemented!() }
+            }
+        }
+    });
     quote! {
         #struct_def
 
@@ -1003,6 +1244,8 @@ pub(crate) fn stubs(model: &Model) -> TokenStream {
                 ::core::unimplemented!()
             }
         }
+
+        #schedule_stubs
 
         #module_impl
 

@@ -71,6 +71,7 @@ pub(crate) fn parse_model(tokens: TokenStream, cx: &mut Ctxt) -> syn::Result<Mod
         Ok(Model {
             attrs,
             checkpoint,
+            checkpointed: seen_checkpointed,
             vis,
             ident,
             generics,

@@ -211,15 +211,23 @@ fn checkpoint_argument_errors() {
     assert!(e[0].contains("needs `segments = N`"), "{e:?}");
     let e = one(quote!(#[checkpointed(preserve_rng_state = false)]));
     assert!(e[0].contains("needs `segments = N`"), "{e:?}");
-    let e = one(quote!(#[checkpointed(segments = auto)]));
+    // The planner's schedules.
+    assert!(one(quote!(#[checkpointed(segments = auto)])).is_empty());
+    assert!(one(quote!(#[checkpointed(budget = "512 MiB")])).is_empty());
+    assert!(one(quote!(#[checkpointed(segments = auto, budget = "40%")])).is_empty());
+    let e = one(quote!(#[checkpointed(budget = "12 parsecs")]));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].contains("unknown unit \"parsecs\""), "{e:?}");
+    let e = one(quote!(#[checkpointed(budget = 512)]));
+    assert!(e[0].contains("`budget` takes a string"), "{e:?}");
+    let e = one(quote!(#[checkpointed(segments = 3, budget = "1 GiB")]));
     assert_eq!(e.len(), 1, "{e:?}");
     assert!(
-        e[0].contains("`segments = auto` is not yet supported"),
+        e[0].contains("cannot be combined with `segments = N`"),
         "{e:?}"
     );
-    let e = one(quote!(#[checkpointed(budget = "512 MiB")]));
-    assert_eq!(e.len(), 1, "{e:?}");
-    assert!(e[0].contains("`budget = ..` is not yet supported"), "{e:?}");
+    let e = one(quote!(#[checkpointed(budget = "1 GiB", budget = "2 GiB")]));
+    assert_eq!(e, ["duplicate argument `budget`"]);
     let e = one(quote!(#[checkpointed(segments = 2, segments = 3)]));
     assert_eq!(e, ["duplicate argument `segments`"]);
     let e = one(quote!(#[checkpointed(segments = "2")]));

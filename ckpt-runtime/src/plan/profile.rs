@@ -14,31 +14,9 @@ use crate::sequential::{chain, run_chain};
 use crate::{CkptError, ShallowClone};
 
 /// Measures the [`ChainCost`] of running `input` through `modules` in order: one
-/// profiling step per stage, exact bytes from [`memory`] on `input`'s device.
-///
-/// Per stage `i`, on the stage's input `x_i` detached from everything before it (so that
-/// nothing upstream is counted) and set to require grad:
-///
-/// 1. a no-grad warm-up run (first-call allocations such as the cuBLAS workspace, and
-///    lazy initialisation, must not count as the stage's);
-/// 2. a forward with grad inside [`memory::measure`]: `kept_bytes` is what it retained
-///    (the output and the tensors saved for backward), `forward_extra_bytes` its peak
-///    above that, `forward_seconds` its wall time (CUDA synchronised);
-/// 3. a backward of that output with a gradient of ones, for the input only
-///    (`Tensor::run_backward(&[y], &[x_i], ..)`, so no parameter's `.grad` changes):
-///    `backward_extra_bytes` is its peak above the kept bytes and the incoming gradient.
-///    Parameter-gradient temporaries are therefore not seen; stages whose output does not
-///    require grad get 0.
-///
-/// `input_bytes` is `x_i`'s size (`numel × element size`), `output_bytes` the final
-/// output's, and `checkpoint_bytes` is measured on a one-element probe segment (the RNG
-/// state copy that [`checkpoint`](crate::checkpoint) keeps). The profile costs about two
-/// forwards and one backward of the chain, one stage at a time, so its own peak is about
-/// one stage's.
-///
-/// Side effects: it resets the device's peak counter ([`memory::reset_peak`]), and
-/// random ops in the modules (dropout) draw from the global generators, as any extra
-/// forward would.
+/// profiling step per stage, exact bytes from [`memory`] on `input`'s device. This is
+/// [`profile_chain`] with `step(i, x) = modules[i].forward(x)`; see there for what is
+/// measured and how.
 ///
 /// # Panics
 ///
@@ -51,13 +29,12 @@ pub fn profile_sequential<M: Module>(modules: &[M], input: &Tensor) -> ChainCost
 ///
 /// # Errors
 ///
-/// As [`memory::f_stats`] for `input`'s device (CPU and CUDA are supported);
-/// [`CkptError::Torch`] when libtorch fails in the probe segment.
+/// As [`f_profile_chain`].
 pub fn f_profile_sequential<M: Module>(
     modules: &[M],
     input: &Tensor,
 ) -> Result<ChainCost, CkptError> {
-    profile(modules, input, |m: &M, xs: &Tensor| m.forward(xs))
+    f_profile_chain(modules.len(), input, |i, xs| modules[i].forward(xs))
 }
 
 /// [`profile_sequential`] for [`ModuleT`] modules, with the train flag.
@@ -73,25 +50,78 @@ pub fn profile_sequential_t<M: ModuleT>(modules: &[M], input: &Tensor, train: bo
 ///
 /// # Errors
 ///
-/// As [`f_profile_sequential`].
+/// As [`f_profile_chain`].
 pub fn f_profile_sequential_t<M: ModuleT>(
     modules: &[M],
     input: &Tensor,
     train: bool,
 ) -> Result<ChainCost, CkptError> {
-    profile(modules, input, move |m: &M, xs: &Tensor| {
-        m.forward_t(xs, train)
+    f_profile_chain(modules.len(), input, |i, xs| {
+        modules[i].forward_t(xs, train)
     })
 }
 
-fn nbytes(t: &Tensor) -> u64 {
+/// Measures the [`ChainCost`] of a chain of `len` stages given as a closure over stage
+/// indices: `step(i, x_i)` runs stage `i` on its input and returns `x_{i+1}`, the chain
+/// starting from `x_0 = input`. One profiling step per stage, exact bytes from
+/// [`memory`] on `input`'s device. `model!`'s `segments = auto` profiles its stages with
+/// it; [`profile_sequential`] is it over a slice of modules.
+///
+/// Per stage `i`, on the stage's input `x_i` detached from everything before it (so that
+/// nothing upstream is counted) and set to require grad when it is a float tensor:
+///
+/// 1. a no-grad warm-up run (first-call allocations such as the cuBLAS workspace, and
+///    lazy initialisation, must not count as the stage's);
+/// 2. a forward with grad inside [`memory::measure`]: `kept_bytes` is what it retained
+///    (the output and the tensors saved for backward), `forward_extra_bytes` its peak
+///    above that, `forward_seconds` its wall time (CUDA synchronised);
+/// 3. a backward of that output with a gradient of ones, for the input only
+///    (`Tensor::run_backward(&[y], &[x_i], ..)`, so no parameter's `.grad` changes):
+///    `backward_extra_bytes` is its peak above the kept bytes and the incoming gradient.
+///    Parameter-gradient temporaries are therefore not seen; stages whose input or
+///    output does not require grad (an embedding of integer ids) get 0.
+///
+/// `input_bytes` is `x_i`'s size (`numel × element size`), `output_bytes` the final
+/// output's, and `checkpoint_bytes` is measured on a one-element probe segment (the RNG
+/// state copy that [`checkpoint`](crate::checkpoint) keeps). The profile costs about two
+/// forwards and one backward of the chain, one stage at a time, so its own peak is about
+/// one stage's.
+///
+/// Side effects: it resets the device's peak counter ([`memory::reset_peak`]), and
+/// random ops in the stages (dropout) draw from the global generators, as any extra
+/// forward would.
+///
+/// # Panics
+///
+/// When [`f_profile_chain`] returns an error, or `step` panics.
+pub fn profile_chain<F>(len: usize, input: &Tensor, step: F) -> ChainCost
+where
+    F: FnMut(usize, &Tensor) -> Tensor,
+{
+    f_profile_chain(len, input, step).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The fallible twin of [`profile_chain`].
+///
+/// # Errors
+///
+/// As [`memory::f_stats`] for `input`'s device (CPU and CUDA are supported);
+/// [`CkptError::Torch`] when libtorch fails in the probe segment.
+pub fn f_profile_chain<F>(len: usize, input: &Tensor, step: F) -> Result<ChainCost, CkptError>
+where
+    F: FnMut(usize, &Tensor) -> Tensor,
+{
+    profile(&CheckpointOptions::new(), len, input, step)
+}
+
+pub(crate) fn nbytes(t: &Tensor) -> u64 {
     if !t.defined() {
         return 0;
     }
     (t.numel() * t.kind().elt_size_in_bytes()) as u64
 }
 
-fn differentiable(t: &Tensor) -> bool {
+pub(crate) fn differentiable(t: &Tensor) -> bool {
     t.defined()
         && matches!(
             t.kind(),
@@ -105,6 +135,15 @@ fn differentiable(t: &Tensor) -> bool {
         )
 }
 
+/// `t` detached from its graph, and a leaf requiring grad when it is a float tensor.
+pub(crate) fn detached_leaf(t: &Tensor) -> Tensor {
+    if differentiable(t) {
+        t.detach().set_requires_grad(true)
+    } else {
+        t.detach()
+    }
+}
+
 fn sync(device: Device) {
     if let Device::Cuda(i) = device {
         tch::Cuda::synchronize(i as i64);
@@ -115,55 +154,100 @@ fn non_negative(bytes: i64) -> u64 {
     u64::try_from(bytes).unwrap_or(0)
 }
 
-fn profile<M, G>(modules: &[M], input: &Tensor, step: G) -> Result<ChainCost, CkptError>
+/// What [`measure_stage`] measured of one stage (see [`StageCost`] for the meaning).
+pub(crate) struct StageFigures {
+    pub kept_bytes: u64,
+    pub forward_extra_bytes: u64,
+    pub backward_extra_bytes: u64,
+    pub forward_seconds: f64,
+}
+
+/// The measuring core of every profiler: `run(true)`, a warm-up under `no_grad` whose
+/// result is dropped, then `run(false)` with grad inside [`memory::measure`], then a
+/// backward from the differentiable tensors that `roots` picks out of its result
+/// (gradients of ones, which are subtracted) to `inputs` (the stage's detached leaves;
+/// those that do not require grad are skipped).
+pub(crate) fn measure_stage<R>(
+    device: Device,
+    mut run: impl FnMut(bool) -> R,
+    roots: impl FnOnce(&R) -> Vec<Tensor>,
+    inputs: &[Tensor],
+) -> Result<(R, StageFigures), CkptError> {
+    drop(tch::no_grad(|| run(true)));
+    sync(device);
+    let ((out, elapsed), fwd) = memory::f_measure(device, || {
+        let start = Instant::now();
+        let out = tch::with_grad(|| run(false));
+        sync(device);
+        (out, start.elapsed())
+    })?;
+    let kept_bytes = non_negative(fwd.retained_bytes);
+    let forward_extra_bytes = non_negative(fwd.peak_above_baseline_bytes - fwd.retained_bytes);
+    let roots: Vec<Tensor> = roots(&out)
+        .into_iter()
+        .filter(|y| differentiable(y) && y.requires_grad())
+        .collect();
+    let inputs: Vec<&Tensor> = inputs
+        .iter()
+        .filter(|x| x.defined() && x.requires_grad())
+        .collect();
+    let mut backward_extra_bytes = 0;
+    if !roots.is_empty() && !inputs.is_empty() {
+        let root_refs: Vec<&Tensor> = roots.iter().collect();
+        let (grads, bwd) = memory::f_measure(device, || {
+            tch::with_grad(|| Tensor::f_run_backward(&root_refs, &inputs, false, false))
+        })?;
+        if grads.is_ok() {
+            let incoming: u64 = roots.iter().map(nbytes).sum();
+            backward_extra_bytes =
+                non_negative(bwd.peak_above_baseline_bytes).saturating_sub(incoming);
+        }
+    }
+    Ok((
+        out,
+        StageFigures {
+            kept_bytes,
+            forward_extra_bytes,
+            backward_extra_bytes,
+            forward_seconds: seconds(elapsed),
+        },
+    ))
+}
+
+pub(crate) fn profile<G>(
+    options: &CheckpointOptions,
+    len: usize,
+    input: &Tensor,
+    mut step: G,
+) -> Result<ChainCost, CkptError>
 where
-    G: Fn(&M, &Tensor) -> Tensor,
+    G: FnMut(usize, &Tensor) -> Tensor,
 {
     let device = input.device();
     memory::f_stats(device)?;
-    tch::with_grad(|| {
-        let mut stages = Vec::with_capacity(modules.len());
-        let mut x = input.detach();
-        for m in modules {
-            drop(tch::no_grad(|| step(m, &x)));
-            let xd = if differentiable(&x) {
-                x.detach().set_requires_grad(true)
-            } else {
-                x.detach()
-            };
-            sync(device);
-            let ((y, elapsed), fwd) = memory::f_measure(device, || {
-                let start = Instant::now();
-                let y = step(m, &xd);
-                sync(device);
-                (y, start.elapsed())
-            })?;
-            let kept = non_negative(fwd.retained_bytes);
-            let forward_extra = non_negative(fwd.peak_above_baseline_bytes - fwd.retained_bytes);
-            let mut backward_extra = 0;
-            if xd.requires_grad() && y.requires_grad() && differentiable(&y) {
-                let (grads, bwd) = memory::f_measure(device, || {
-                    Tensor::f_run_backward(&[&y], &[&xd], false, false)
-                })?;
-                if grads.is_ok() {
-                    backward_extra =
-                        non_negative(bwd.peak_above_baseline_bytes).saturating_sub(nbytes(&y));
-                }
-            }
-            stages.push(StageCost {
-                input_bytes: nbytes(&x),
-                kept_bytes: kept,
-                forward_extra_bytes: forward_extra,
-                backward_extra_bytes: backward_extra,
-                forward_seconds: seconds(elapsed),
-            });
-            x = y.detach();
-        }
-        Ok(ChainCost {
-            output_bytes: nbytes(&x),
-            checkpoint_bytes: probe_checkpoint_bytes(device)?,
-            stages,
-        })
+    let mut stages = Vec::with_capacity(len);
+    let mut x = input.detach();
+    for i in 0..len {
+        let xd = detached_leaf(&x);
+        let (y, fig) = measure_stage(
+            device,
+            |warm| step(i, if warm { &x } else { &xd }),
+            |y| vec![y.shallow_clone()],
+            std::slice::from_ref(&xd),
+        )?;
+        stages.push(StageCost {
+            input_bytes: nbytes(&x),
+            kept_bytes: fig.kept_bytes,
+            forward_extra_bytes: fig.forward_extra_bytes,
+            backward_extra_bytes: fig.backward_extra_bytes,
+            forward_seconds: fig.forward_seconds,
+        });
+        x = y.detach();
+    }
+    Ok(ChainCost {
+        output_bytes: nbytes(&x),
+        checkpoint_bytes: probe_checkpoint_bytes(options, device)?,
+        stages,
     })
 }
 
@@ -173,21 +257,27 @@ fn seconds(d: Duration) -> f64 {
 
 /// What a checkpointed segment keeps besides its stash: the retained bytes of a
 /// one-element segment minus those of the same computation run plainly.
-fn probe_checkpoint_bytes(device: Device) -> Result<u64, CkptError> {
-    let probe = Tensor::zeros([1], (Kind::Float, device));
-    let (plain, r_plain) = memory::f_measure(device, || &probe + 1.0)?;
-    let (ckpt, r_ckpt) = memory::f_measure(device, || {
-        checkpoint::run(
-            &CheckpointOptions::new(),
-            "ckpt::plan profiling probe".into(),
-            |x: Tensor| &x + 1.0,
-            probe.shallow_clone(),
-        )
-    })?;
-    let ckpt: Tensor = ckpt?;
-    let bytes = non_negative(r_ckpt.retained_bytes - r_plain.retained_bytes);
-    drop((plain, ckpt));
-    Ok(bytes)
+pub(crate) fn probe_checkpoint_bytes(
+    options: &CheckpointOptions,
+    device: Device,
+) -> Result<u64, CkptError> {
+    // Under grad, or `checkpoint::run` would run the closure plainly.
+    tch::with_grad(|| {
+        let probe = Tensor::zeros([1], (Kind::Float, device));
+        let (plain, r_plain) = memory::f_measure(device, || &probe + 1.0)?;
+        let (ckpt, r_ckpt) = memory::f_measure(device, || {
+            checkpoint::run(
+                options,
+                "ckpt::plan profiling probe".into(),
+                |x: Tensor| &x + 1.0,
+                probe.shallow_clone(),
+            )
+        })?;
+        let ckpt: Tensor = ckpt?;
+        let bytes = non_negative(r_ckpt.retained_bytes - r_plain.retained_bytes);
+        drop((plain, ckpt));
+        Ok(bytes)
+    })
 }
 
 fn check_len(modules: usize, plan: &Plan) -> Result<(), CkptError> {
@@ -274,7 +364,7 @@ where
 
 /// The key of a cached plan: what the profile depends on besides the modules.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct InputKey {
+pub(crate) struct InputKey {
     size: Vec<i64>,
     kind: Kind,
     device: Device,
@@ -282,7 +372,7 @@ struct InputKey {
 }
 
 impl InputKey {
-    fn new(input: &Tensor, train: Option<bool>) -> Self {
+    pub(crate) fn new(input: &Tensor, train: Option<bool>) -> Self {
         InputKey {
             size: input.size(),
             kind: input.kind(),

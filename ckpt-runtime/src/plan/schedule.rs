@@ -1,0 +1,312 @@
+//! [`Schedule`]: how a `model!` chain is cut at run time, and [`ModelPlans`], the state a
+//! checkpointed `model!` model keeps for it (the declared schedule, profiles and plans
+//! cached per input).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tch::Tensor;
+
+use super::profile::InputKey;
+use super::{Budget, ChainCost, Objective, Plan};
+use crate::CkptError;
+
+/// How the stages of a checkpointed `model!` chain are cut into segments: what
+/// `#[checkpointed(..)]` declares, and what the generated `set_schedule` (and its
+/// shorthands `set_segments`, `set_cuts`, `set_plan`, `set_auto`, `set_budget`) changes
+/// at run time. Every segment but the last is checkpointed; the last runs plainly.
+///
+/// ```
+/// use ckpt_runtime::plan::{Budget, Objective, Schedule};
+/// assert_eq!(Schedule::Segments(3).to_string(), "segments = 3");
+/// assert_eq!(Schedule::Cuts(vec![2, 5]).to_string(), "cuts [2, 5]");
+/// assert_eq!(Schedule::Auto(Objective::MinPeak).to_string(), "segments = auto");
+/// assert_eq!(
+///     Schedule::Auto(Objective::Budget(Budget::Bytes(1 << 20))).to_string(),
+///     "budget = 1.00 MiB (1048576 B)"
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub enum Schedule {
+    /// `segments = N`: [`sequential_segments`](crate::sequential_segments)`(len, N)`,
+    /// PyTorch's grouping (`N = 1` checkpoints nothing; `N` larger than the chain is
+    /// clamped to its length).
+    Segments(usize),
+    /// Explicit cuts: the stage indices where a new segment starts, strictly increasing
+    /// within `1..len` (empty: one plain segment). [`Plan::cuts`] are such cuts.
+    Cuts(Vec<usize>),
+    /// The planner's cuts for this objective, from a profile of the stages made on the
+    /// first training call for each input shape, dtype, device and train flag
+    /// (`segments = auto` is [`Objective::MinPeak`], `budget = ".."` is
+    /// [`Objective::Budget`]).
+    Auto(Objective),
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Schedule::Segments(n) => write!(f, "segments = {n}"),
+            Schedule::Cuts(c) => write!(f, "cuts {c:?}"),
+            Schedule::Auto(Objective::MinPeak) => write!(f, "segments = auto"),
+            Schedule::Auto(Objective::Budget(b)) => write!(f, "budget = {b}"),
+        }
+    }
+}
+
+impl Schedule {
+    /// Checks the schedule for a chain of `len` stages.
+    ///
+    /// # Errors
+    ///
+    /// [`CkptError::InvalidArgument`] for `Segments(0)`, cuts that are not strictly
+    /// increasing within `1..len`, or a budget fraction that is not positive and finite.
+    pub fn check(&self, len: usize) -> Result<(), CkptError> {
+        match self {
+            Schedule::Segments(n) => crate::sequential_segments(len, *n).map(drop),
+            Schedule::Cuts(cuts) => check_cuts(cuts, len),
+            Schedule::Auto(Objective::MinPeak) => Ok(()),
+            Schedule::Auto(Objective::Budget(b)) => b.bytes(0).map(drop),
+        }
+    }
+
+    /// The segments of a chain of `len` stages for the fixed schedules (`None` for
+    /// [`Schedule::Auto`], which needs a profile).
+    ///
+    /// # Errors
+    ///
+    /// As [`Schedule::check`].
+    pub fn fixed_ranges(&self, len: usize) -> Result<Option<Vec<Range<usize>>>, CkptError> {
+        match self {
+            Schedule::Segments(n) => crate::sequential_segments(len, *n).map(Some),
+            Schedule::Cuts(cuts) => {
+                check_cuts(cuts, len)?;
+                Ok(Some(ranges_of(cuts, len)))
+            }
+            Schedule::Auto(_) => Ok(None),
+        }
+    }
+}
+
+impl From<Objective> for Schedule {
+    fn from(objective: Objective) -> Self {
+        Schedule::Auto(objective)
+    }
+}
+
+impl From<Budget> for Schedule {
+    fn from(budget: Budget) -> Self {
+        Schedule::Auto(Objective::Budget(budget))
+    }
+}
+
+impl From<&Plan> for Schedule {
+    /// The plan's cuts, as a fixed schedule.
+    fn from(plan: &Plan) -> Self {
+        Schedule::Cuts(plan.cuts().to_vec())
+    }
+}
+
+fn check_cuts(cuts: &[usize], len: usize) -> Result<(), CkptError> {
+    let mut prev = 0;
+    for &c in cuts {
+        if c <= prev || c >= len {
+            return Err(CkptError::InvalidArgument(format!(
+                "cuts {cuts:?} of a {len}-stage chain: they must be strictly increasing and within 1..{len}"
+            )));
+        }
+        prev = c;
+    }
+    Ok(())
+}
+
+fn ranges_of(cuts: &[usize], len: usize) -> Vec<Range<usize>> {
+    let mut bounds = Vec::with_capacity(cuts.len() + 2);
+    bounds.push(0);
+    bounds.extend_from_slice(cuts);
+    bounds.push(len);
+    bounds.windows(2).map(|w| w[0]..w[1]).collect()
+}
+
+/// The state of a checkpointed `model!` model (a hidden field): its [`Schedule`], and
+/// the profiles and auto plans cached per input (size, dtype, device, train flag). A
+/// clone shares the caches (shallow clones of the model are taken every forward call);
+/// profiles do not depend on the schedule and survive a change of it, plans do not.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct ModelPlans {
+    schedule: Schedule,
+    profiles: Arc<Mutex<HashMap<InputKey, ChainCost>>>,
+    plans: Arc<Mutex<HashMap<InputKey, Plan>>>,
+}
+
+impl ModelPlans {
+    /// The state for a declared schedule (checked by the macro).
+    pub fn new(schedule: Schedule) -> Self {
+        ModelPlans {
+            schedule,
+            profiles: Arc::default(),
+            plans: Arc::default(),
+        }
+    }
+
+    /// The current schedule.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Replaces the schedule after checking it for a chain of `len` stages; forgets the
+    /// plans (not the profiles).
+    ///
+    /// # Errors
+    ///
+    /// As [`Schedule::check`]; the schedule is unchanged then.
+    pub fn set(&mut self, schedule: Schedule, len: usize) -> Result<(), CkptError> {
+        schedule.check(len)?;
+        self.schedule = schedule;
+        self.plans = Arc::default();
+        Ok(())
+    }
+
+    /// Forgets every cached profile and plan (the next training call profiles again).
+    pub fn clear(&self) {
+        lock(&self.profiles).clear();
+        lock(&self.plans).clear();
+    }
+
+    /// The segments of one forward call on `input`. Fixed schedules need nothing more;
+    /// an auto schedule uses the plan cached for the input, or profiles (`profile`) and
+    /// plans when there is none. Without grad (`no_grad`, inference), and inside the
+    /// recompute of an enclosing checkpoint when nothing is cached, it does not profile
+    /// and runs the chain as one plain segment.
+    ///
+    /// # Errors
+    ///
+    /// As [`Schedule::check`], `profile` and [`ChainCost::plan`]
+    /// ([`CkptError::BudgetTooSmall`]).
+    pub fn ranges(
+        &self,
+        len: usize,
+        input: &Tensor,
+        train: Option<bool>,
+        profile: impl FnOnce() -> Result<ChainCost, CkptError>,
+    ) -> Result<Vec<Range<usize>>, CkptError> {
+        if let Some(r) = self.schedule.fixed_ranges(len)? {
+            return Ok(r);
+        }
+        if !crate::ffi::grad_enabled() {
+            return Ok(ranges_of(&[], len));
+        }
+        let key = InputKey::new(input, train);
+        if let Some(plan) = lock(&self.plans).get(&key)
+            && plan.len() == len
+        {
+            return Ok(plan.ranges());
+        }
+        if crate::ffi::is_recomputing() && !lock(&self.profiles).contains_key(&key) {
+            return Ok(ranges_of(&[], len));
+        }
+        Ok(self.plan(len, input, train, profile)?.ranges())
+    }
+
+    /// The plan of the current schedule for inputs like `input`: for an auto schedule
+    /// the planner's (cached), for a fixed one its cuts evaluated on the profile. Profiles
+    /// on first sight of the input (with grad, whatever the caller's mode).
+    ///
+    /// # Errors
+    ///
+    /// As [`ModelPlans::ranges`].
+    pub fn plan(
+        &self,
+        len: usize,
+        input: &Tensor,
+        train: Option<bool>,
+        profile: impl FnOnce() -> Result<ChainCost, CkptError>,
+    ) -> Result<Plan, CkptError> {
+        let key = InputKey::new(input, train);
+        if let Schedule::Auto(_) = self.schedule
+            && let Some(plan) = lock(&self.plans).get(&key)
+            && plan.len() == len
+        {
+            return Ok(plan.clone());
+        }
+        let cached = lock(&self.profiles).get(&key).cloned();
+        let costs = match cached {
+            Some(c) if c.len() == len => c,
+            _ => {
+                let c = profile()?;
+                if c.len() != len {
+                    return Err(CkptError::InvalidArgument(format!(
+                        "the profile has {} stages, the chain {len}",
+                        c.len()
+                    )));
+                }
+                lock(&self.profiles).insert(key.clone(), c.clone());
+                c
+            }
+        };
+        match &self.schedule {
+            Schedule::Auto(objective) => {
+                let plan = costs.plan(objective)?;
+                lock(&self.plans).insert(key, plan.clone());
+                Ok(plan)
+            }
+            fixed => {
+                let ranges = fixed.fixed_ranges(len)?.expect("a fixed schedule");
+                let cuts: Vec<usize> = ranges[1..].iter().map(|r| r.start).collect();
+                costs.evaluate(&cuts)
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_ranges_and_checks() {
+        assert_eq!(
+            Schedule::Segments(3).fixed_ranges(7).unwrap(),
+            Some(vec![0..2, 2..4, 4..7])
+        );
+        assert_eq!(
+            Schedule::Cuts(vec![1, 5]).fixed_ranges(7).unwrap(),
+            Some(vec![0..1, 1..5, 5..7])
+        );
+        assert_eq!(
+            Schedule::Cuts(vec![]).fixed_ranges(7).unwrap(),
+            Some(std::iter::once(0..7).collect())
+        );
+        assert_eq!(
+            Schedule::Auto(Objective::MinPeak).fixed_ranges(7).unwrap(),
+            None
+        );
+        for bad in [
+            Schedule::Segments(0),
+            Schedule::Cuts(vec![0]),
+            Schedule::Cuts(vec![3, 3]),
+            Schedule::Cuts(vec![7]),
+            Schedule::Auto(Objective::Budget(Budget::FractionOfPlain(-1.0))),
+        ] {
+            assert!(
+                matches!(bad.check(7), Err(CkptError::InvalidArgument(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn set_keeps_the_old_schedule_on_error() {
+        let mut p = ModelPlans::new(Schedule::Segments(2));
+        assert!(p.set(Schedule::Cuts(vec![4, 2]), 6).is_err());
+        assert_eq!(p.schedule(), &Schedule::Segments(2));
+        p.set(Schedule::Auto(Objective::MinPeak), 6).unwrap();
+        assert_eq!(p.schedule(), &Schedule::Auto(Objective::MinPeak));
+    }
+}

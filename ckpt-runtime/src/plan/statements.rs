@@ -1,0 +1,681 @@
+//! The run time of `#[checkpointed(segments = auto)]` and `#[checkpointed(budget = "..")]`
+//! functions: their statements as stages over a type-erased environment, profiled once
+//! per input and cut where the planner says.
+//!
+//! # The design
+//!
+//! The macro has no types, and the cuts are only known at run time, so it cannot write
+//! one closure per segment as `segments = N` does. Instead every statement but the last
+//! becomes a *stage*: a closure `Fn(&mut Env)` that takes the values it uses out of an
+//! environment of *slots* (one per binding that some later statement uses: the
+//! parameters those statements need and the `let`s they define), runs the statement
+//! unchanged, and puts what it defines back. A value in a slot is kept unpacked, as its
+//! [`Stash`] tensors and its skeleton (behind an `Arc<Mutex<..>>`, so that it can be
+//! rebuilt any number of times — forward, recompute — without `Clone` or `Sync`
+//! bounds), which is exactly what a checkpoint's stash needs. So a segment `a..b` is one
+//! closure that runs stages `a..b` on a local environment: its inputs are the slots those
+//! stages use that were defined before `a` (shallow clones when they are also needed
+//! after `b`), its outputs the slots they define that are needed after `b`. The last
+//! statement runs inline after the chain, so it may `return`, use `?`, and borrow the
+//! parameters.
+//!
+//! Types flow through *witnesses*: `put(env, slot, value)` returns a zero-sized
+//! `Witness<T>` of the value's type, which a stage closure returns to its caller for each
+//! slot it defines; a later stage passes it to `take(env, slot, witness, keep)`, so the
+//! value comes back with its own type, inferred by the compiler from the statement that
+//! made it. A value that cannot be stashed (a reference, a closure) is a compile error
+//! on its binding, as with `segments = N`, except that here every value that a later
+//! statement uses must be [`Stash`], since any statement boundary may become a cut.
+//!
+//! The environment's slots and the statements' uses and definitions are static tables
+//! ([`FnChain`]), from which the run time derives liveness, segment inputs and outputs;
+//! the plans are cached in the function's own `static`, per input (the shapes, dtypes and
+//! devices of the tensors in the arguments the stages use, and the values of those
+//! arguments whose type implements `Hash`, such as a `train: bool`).
+
+use std::any::Any;
+use std::collections::{HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use tch::{Device, Kind, Tensor};
+
+use super::profile::{self, StageFigures};
+use super::{Budget, ChainCost, Objective, Plan, StageCost};
+use crate::checkpoint::CheckpointOptions;
+use crate::{CkptError, Stash, memory};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The type of a value, at compile time only (`Copy`, `Send`, `Sync`, zero-sized).
+pub struct Witness<T>(PhantomData<fn() -> T>);
+
+impl<T> Clone for Witness<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Witness<T> {}
+
+impl<T> Default for Witness<T> {
+    fn default() -> Self {
+        Witness(PhantomData)
+    }
+}
+
+/// A skeleton that can be rebuilt from any number of times, by any thread.
+type SharedSkeleton = Arc<Mutex<Box<dyn Any + Send>>>;
+
+/// One value, unpacked: its tensors and its skeleton.
+struct Slot {
+    tensors: Vec<Tensor>,
+    skeleton: SharedSkeleton,
+}
+
+impl Slot {
+    /// A copy sharing the tensors (shallow clones) and the skeleton.
+    fn dup(&self) -> Slot {
+        Slot {
+            tensors: self.tensors.iter().map(Tensor::shallow_clone).collect(),
+            skeleton: Arc::clone(&self.skeleton),
+        }
+    }
+
+    /// A copy with detached tensors (`leaf`: float ones set to require grad).
+    fn detached(&self, leaf: bool) -> Slot {
+        Slot {
+            tensors: self
+                .tensors
+                .iter()
+                .map(|t| {
+                    if !t.defined() {
+                        Tensor::new()
+                    } else if leaf {
+                        profile::detached_leaf(t)
+                    } else {
+                        t.detach()
+                    }
+                })
+                .collect(),
+            skeleton: Arc::clone(&self.skeleton),
+        }
+    }
+}
+
+/// The values of a function's bindings between statements, by slot.
+pub struct Env {
+    slots: Vec<Option<Slot>>,
+    /// Hashes of the arguments put with [`put_param`] (`None`: not `Hash`).
+    hashes: Vec<Option<u64>>,
+}
+
+impl Env {
+    /// An environment of `slots` empty slots.
+    pub fn new(slots: usize) -> Env {
+        Env {
+            slots: (0..slots).map(|_| None).collect(),
+            hashes: Vec::new(),
+        }
+    }
+
+    fn tensors(&self) -> impl Iterator<Item = &Tensor> {
+        self.slots.iter().flatten().flat_map(|s| &s.tensors)
+    }
+}
+
+/// Puts a value into a slot and returns the witness of its type.
+pub fn put<T: Stash>(env: &mut Env, slot: usize, value: T) -> Witness<T> {
+    let mut tensors = Vec::new();
+    let skeleton = value.unpack(&mut tensors);
+    env.slots[slot] = Some(Slot {
+        tensors,
+        skeleton: Arc::new(Mutex::new(Box::new(skeleton))),
+    });
+    Witness::default()
+}
+
+/// [`put`] for an argument of the function; `hash` (of the argument's value, when its
+/// type implements `Hash`) becomes part of the key of the plan cache.
+pub fn put_param<T: Stash>(env: &mut Env, slot: usize, hash: Option<u64>, value: T) -> Witness<T> {
+    env.hashes.push(hash);
+    put(env, slot, value)
+}
+
+/// Takes the value of a slot, of the witnessed type; with `keep`, a copy sharing its
+/// tensors stays in the slot (the value is used again later).
+///
+/// # Panics
+///
+/// If the slot is empty or holds another type (a bug of the macro).
+pub fn take<T: Stash>(env: &mut Env, slot: usize, _: Witness<T>, keep: bool) -> T {
+    let s = if keep {
+        env.slots[slot].as_ref().map(Slot::dup)
+    } else {
+        env.slots[slot].take()
+    }
+    .unwrap_or_else(|| panic!("ckpt: slot {slot} of the environment is empty"));
+    let skeleton = lock(&s.skeleton);
+    let skeleton = skeleton
+        .downcast_ref::<T::Skeleton>()
+        .expect("ckpt: a slot holds the type of its witness");
+    T::pack(skeleton, &mut s.tensors.into_iter())
+}
+
+/// Autoref specialisation for the plan cache's key: `(&KeyProbe(&arg)).__ckpt_key_hash()`
+/// hashes the argument when its type implements `Hash` ([`ViaHash`]) and gives `None`
+/// otherwise ([`ViaNoHash`]).
+pub struct KeyProbe<'a, T: ?Sized>(pub &'a T);
+
+/// Picked first, when `T: Hash`.
+pub trait ViaHash {
+    /// The hash of the value.
+    fn __ckpt_key_hash(&self) -> Option<u64>;
+}
+
+impl<T: Hash + ?Sized> ViaHash for KeyProbe<'_, T> {
+    fn __ckpt_key_hash(&self) -> Option<u64> {
+        let mut h = DefaultHasher::new();
+        self.0.hash(&mut h);
+        Some(h.finish())
+    }
+}
+
+/// Picked otherwise.
+pub trait ViaNoHash {
+    /// `None`.
+    fn __ckpt_key_hash(&self) -> Option<u64>;
+}
+
+impl<T: ?Sized> ViaNoHash for &KeyProbe<'_, T> {
+    fn __ckpt_key_hash(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// A stage: one statement, on the environment.
+pub type StageFn = Box<dyn Fn(&mut Env) + Send + Sync>;
+
+/// Boxes a stage closure; returns the witnesses it returns (never calling it: witnesses
+/// are only types).
+pub fn stage<W, F>(f: F) -> (StageFn, W)
+where
+    W: Default,
+    F: Fn(&mut Env) -> W + Send + Sync + 'static,
+{
+    (
+        Box::new(move |env: &mut Env| {
+            let _ = f(env);
+        }),
+        W::default(),
+    )
+}
+
+/// The key of a function's cached plan.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct FnKey {
+    tensors: Vec<(Vec<i64>, Kind, Device)>,
+    hashes: Vec<Option<u64>>,
+}
+
+impl FnKey {
+    fn new(env: &Env) -> FnKey {
+        FnKey {
+            tensors: env
+                .tensors()
+                .map(|t| {
+                    if t.defined() {
+                        (t.size(), t.kind(), t.device())
+                    } else {
+                        (Vec::new(), Kind::Float, Device::Cpu)
+                    }
+                })
+                .collect(),
+            hashes: env.hashes.clone(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let shapes: Vec<String> = self
+            .tensors
+            .iter()
+            .map(|(s, k, d)| format!("{s:?} {k:?} {d:?}"))
+            .collect();
+        format!("[{}]", shapes.join(", "))
+    }
+}
+
+/// Liveness tables derived once from a chain's statements.
+struct Liveness {
+    /// `used_from[b][s]`: slot `s` is used by a stage `>= b` or by the last statement.
+    used_from: Vec<Vec<bool>>,
+}
+
+/// The static description of a `#[checkpointed(segments = auto)]` function, generated
+/// as a `static` in its body: its name, its stages' uses and definitions by slot, the
+/// slots the last statement takes, the objective, and the plans cached per input.
+pub struct FnChain {
+    name: &'static str,
+    slots: usize,
+    uses: &'static [&'static [usize]],
+    defs: &'static [&'static [usize]],
+    tail: &'static [usize],
+    objective: Objective,
+    liveness: OnceLock<Liveness>,
+    plans: OnceLock<Mutex<HashMap<FnKey, Plan>>>,
+    /// `Type::method (file:line)`, set by the first plan.
+    display: OnceLock<String>,
+}
+
+impl FnChain {
+    /// A chain of `uses.len()` stages over `slots` slots.
+    pub const fn new(
+        name: &'static str,
+        slots: usize,
+        uses: &'static [&'static [usize]],
+        defs: &'static [&'static [usize]],
+        tail: &'static [usize],
+        objective: Objective,
+    ) -> FnChain {
+        FnChain {
+            name,
+            slots,
+            uses,
+            defs,
+            tail,
+            objective,
+            liveness: OnceLock::new(),
+            plans: OnceLock::new(),
+            display: OnceLock::new(),
+        }
+    }
+
+    /// A budget objective (a `const` helper for the generated `static`).
+    pub const fn budget_bytes(bytes: u64) -> Objective {
+        Objective::Budget(Budget::Bytes(bytes))
+    }
+
+    /// A budget objective as a fraction of the plain run's predicted peak.
+    pub const fn budget_fraction(fraction: f64) -> Objective {
+        Objective::Budget(Budget::FractionOfPlain(fraction))
+    }
+
+    fn len(&self) -> usize {
+        self.uses.len()
+    }
+
+    fn liveness(&self) -> &Liveness {
+        self.liveness.get_or_init(|| {
+            let n = self.len();
+            let mut used_from = vec![vec![false; self.slots]; n + 1];
+            for &s in self.tail {
+                used_from[n][s] = true;
+            }
+            for b in (0..n).rev() {
+                used_from[b] = used_from[b + 1].clone();
+                for &s in self.uses[b] {
+                    used_from[b][s] = true;
+                }
+            }
+            Liveness { used_from }
+        })
+    }
+
+    fn plans(&'static self) -> MutexGuard<'static, HashMap<FnKey, Plan>> {
+        let plans = self.plans.get_or_init(|| {
+            lock(&REGISTRY).push(self);
+            Mutex::default()
+        });
+        lock(plans)
+    }
+
+    /// The slots a segment `a..b` takes in (with whether each is also needed after `b`)
+    /// and gives out.
+    fn boundary(&self, range: &Range<usize>) -> (Vec<(usize, bool)>, Vec<usize>) {
+        let live_after = &self.liveness().used_from[range.end];
+        let mut defined = HashSet::new();
+        let mut inputs = Vec::new();
+        let mut seen = HashSet::new();
+        for i in range.clone() {
+            for &s in self.uses[i] {
+                if !defined.contains(&s) && seen.insert(s) {
+                    inputs.push(s);
+                }
+            }
+            defined.extend(self.defs[i].iter().copied());
+        }
+        let inputs = inputs
+            .into_iter()
+            .map(|s| (s, live_after[s] && !defined.contains(&s)))
+            .collect();
+        let mut outputs: Vec<usize> = defined.into_iter().filter(|&s| live_after[s]).collect();
+        outputs.sort_unstable();
+        (inputs, outputs)
+    }
+}
+
+/// Every chain that has planned, for [`function_plans`].
+static REGISTRY: Mutex<Vec<&'static FnChain>> = Mutex::new(Vec::new());
+
+/// A plan made for a `#[checkpointed(segments = auto)]` (or `budget = ".."`) function.
+#[derive(Debug, Clone)]
+pub struct FunctionPlan {
+    /// The function: `Type::method (src/model.rs:42)` for a method (the line of its first
+    /// statement), `name (file:line)` for a free function.
+    pub function: String,
+    /// The input it was made for: shapes, dtypes and devices of the argument tensors.
+    pub input: String,
+    /// The plan; its stages are the function's statements but the last.
+    pub plan: Plan,
+}
+
+/// The plans made so far by every `#[checkpointed(segments = auto)]` and
+/// `#[checkpointed(budget = "..")]` function of the program (one per function and
+/// input), in no particular order. Print one with `Display` or [`Plan::explain`].
+pub fn function_plans() -> Vec<FunctionPlan> {
+    let chains: Vec<&'static FnChain> = lock(&REGISTRY).clone();
+    let mut out = Vec::new();
+    for c in chains {
+        for (key, plan) in c.plans().iter() {
+            out.push(FunctionPlan {
+                function: c
+                    .display
+                    .get()
+                    .cloned()
+                    .unwrap_or_else(|| c.name.to_owned()),
+                input: key.describe(),
+                plan: plan.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// Forgets the plans of every `#[checkpointed(segments = auto)]` / `budget` function: the
+/// next training call of each profiles and plans again.
+pub fn clear_function_plans() {
+    let chains: Vec<&'static FnChain> = lock(&REGISTRY).clone();
+    for c in chains {
+        c.plans().clear();
+    }
+}
+
+/// A list of slots, as a segment's input or output.
+pub struct Slots(Vec<(usize, Slot)>);
+
+impl Stash for Slots {
+    type Skeleton = Vec<(usize, usize, SharedSkeleton)>;
+
+    fn unpack(self, tensors: &mut Vec<Tensor>) -> Self::Skeleton {
+        self.0
+            .into_iter()
+            .map(|(i, s)| {
+                let n = s.tensors.len();
+                tensors.extend(s.tensors);
+                (i, n, s.skeleton)
+            })
+            .collect()
+    }
+
+    fn pack(skeleton: &Self::Skeleton, tensors: &mut std::vec::IntoIter<Tensor>) -> Self {
+        Slots(
+            skeleton
+                .iter()
+                .map(|(i, n, sk)| {
+                    let ts: Vec<Tensor> = tensors.by_ref().take(*n).collect();
+                    assert_eq!(
+                        ts.len(),
+                        *n,
+                        "ckpt: a stash has fewer tensors than its skeleton needs"
+                    );
+                    (
+                        *i,
+                        Slot {
+                            tensors: ts,
+                            skeleton: Arc::clone(sk),
+                        },
+                    )
+                })
+                .collect(),
+        )
+    }
+}
+
+/// Runs the stages of `chain` on `env`, cut as the plan for this input says (profiling
+/// and planning on the first training call for it): every segment but the last through
+/// a checkpoint, the last inline. Without grad, or inside a recompute when no plan is
+/// cached, all stages run inline.
+///
+/// # Panics
+///
+/// When planning fails (an impossible budget: the message states the smallest feasible
+/// one) or a checkpointed segment fails in forward, with the error's message (tch's
+/// convention for calls that do not return `Result`).
+pub fn run_stages(
+    chain: &'static FnChain,
+    options: &CheckpointOptions,
+    owner: Option<String>,
+    file: &'static str,
+    line: u32,
+    stages: Vec<StageFn>,
+    env: &mut Env,
+) {
+    assert_eq!(stages.len(), chain.len(), "ckpt: one stage per statement");
+    let name = match owner {
+        Some(owner) => format!("{owner}::{}", chain.name),
+        None => chain.name.to_owned(),
+    };
+    let location = format!("{file}:{line}");
+    let plan = if crate::ffi::grad_enabled() {
+        let key = FnKey::new(env);
+        let cached = chain.plans().get(&key).cloned();
+        match cached {
+            Some(p) => Some(p),
+            None if crate::ffi::is_recomputing() => None,
+            None => {
+                let made = profile_env(chain, options, &stages, env)
+                    .and_then(|costs| costs.plan(&chain.objective));
+                let plan = made.unwrap_or_else(|e| panic!("{name} ({location}): {e}"));
+                chain.display.get_or_init(|| format!("{name} ({location})"));
+                chain.plans().insert(key, plan.clone());
+                Some(plan)
+            }
+        }
+    } else {
+        None
+    };
+    let ranges = match &plan {
+        Some(p) => p.ranges(),
+        None => std::iter::once(0..stages.len()).collect(),
+    };
+    let (last, checkpointed) = ranges.split_last().expect("at least one range");
+    if !checkpointed.is_empty() {
+        let stages: Arc<[StageFn]> = stages.into();
+        let count = ranges.len();
+        for (k, range) in checkpointed.iter().enumerate() {
+            let (inputs, outputs) = chain.boundary(range);
+            let input = Slots(
+                inputs
+                    .iter()
+                    .map(|&(s, keep)| {
+                        let slot = if keep {
+                            env.slots[s].as_ref().map(Slot::dup)
+                        } else {
+                            env.slots[s].take()
+                        };
+                        (
+                            s,
+                            slot.expect("ckpt: a segment input is in the environment"),
+                        )
+                    })
+                    .collect(),
+            );
+            let seg_name = format!(
+                "{name} segment {} of {count}: statements {}..{} ({location})",
+                k + 1,
+                range.start + 1,
+                range.end + 1,
+            );
+            let (stages, range, slots) = (Arc::clone(&stages), range.clone(), chain.slots);
+            let outputs_in = outputs.clone();
+            let out: Slots = crate::macro_support::segment(
+                options,
+                seg_name,
+                move |input: Slots| {
+                    let mut local = Env::new(slots);
+                    for (s, slot) in input.0 {
+                        local.slots[s] = Some(slot);
+                    }
+                    for i in range.clone() {
+                        stages[i](&mut local);
+                    }
+                    Slots(
+                        outputs_in
+                            .iter()
+                            .map(|&s| {
+                                let slot = local.slots[s].take();
+                                (s, slot.expect("ckpt: a segment output was defined"))
+                            })
+                            .collect(),
+                    )
+                },
+                input,
+            );
+            for (s, slot) in out.0 {
+                env.slots[s] = Some(slot);
+            }
+        }
+        for i in last.clone() {
+            stages[i](env);
+        }
+    } else {
+        for stage in &stages[last.clone()] {
+            stage(env);
+        }
+    }
+}
+
+/// Bytes of the distinct storages among `tensors`, leaving out those in `skip`.
+fn storage_bytes<'a>(tensors: impl Iterator<Item = &'a Tensor>, skip: &HashSet<usize>) -> u64 {
+    let mut seen: HashMap<usize, u64> = HashMap::new();
+    for t in tensors {
+        if !t.defined() || t.numel() == 0 {
+            continue;
+        }
+        let key = storage_key(t);
+        if skip.contains(&key) {
+            continue;
+        }
+        let b = profile::nbytes(t);
+        let e = seen.entry(key).or_insert(0);
+        *e = (*e).max(b);
+    }
+    seen.values().sum()
+}
+
+fn storage_key(t: &Tensor) -> usize {
+    let offset = t.storage_offset().max(0) as usize * t.kind().elt_size_in_bytes();
+    (t.data_ptr() as usize).wrapping_sub(offset)
+}
+
+/// The [`ChainCost`] of the stages on `env` (see [`profile_chain`](super::profile_chain)
+/// for the method): per statement, on detached copies of the slots it uses. A stage's
+/// input bytes are those of every value live at its start (distinct storages), less the
+/// arguments' tensors, which the caller holds.
+fn profile_env(
+    chain: &FnChain,
+    options: &CheckpointOptions,
+    stages: &[StageFn],
+    env: &Env,
+) -> Result<ChainCost, CkptError> {
+    let device = env
+        .tensors()
+        .find(|t| t.defined())
+        .map_or(Device::Cpu, Tensor::device);
+    memory::f_stats(device)?;
+    let args: HashSet<usize> = env
+        .tensors()
+        .filter(|t| t.defined())
+        .map(storage_key)
+        .collect();
+    let live = &chain.liveness().used_from;
+    let mut cur = Env::new(chain.slots);
+    for (s, slot) in env.slots.iter().enumerate() {
+        if let Some(slot) = slot {
+            cur.slots[s] = Some(slot.detached(false));
+        }
+    }
+    let mut out = Vec::with_capacity(stages.len());
+    for (i, stage) in stages.iter().enumerate() {
+        let live_here = cur
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(s, _)| live[i][*s])
+            .filter_map(|(_, slot)| slot.as_ref())
+            .flat_map(|s| &s.tensors);
+        let input_bytes = storage_bytes(live_here, &args);
+        let local = |leaf: bool| {
+            let mut e = Env::new(chain.slots);
+            for &s in chain.uses[i] {
+                if let Some(slot) = &cur.slots[s] {
+                    e.slots[s] = Some(slot.detached(leaf));
+                }
+            }
+            e
+        };
+        let mut run = Some(local(true));
+        let leaves: Vec<Tensor> = run
+            .iter()
+            .flat_map(Env::tensors)
+            .map(Tensor::shallow_clone)
+            .collect();
+        let defs = chain.defs[i];
+        let (done, fig): (Env, StageFigures) = profile::measure_stage(
+            device,
+            |warm| {
+                let mut e = if warm {
+                    local(false)
+                } else {
+                    run.take().unwrap_or_else(|| local(true))
+                };
+                stage(&mut e);
+                e
+            },
+            |e| {
+                defs.iter()
+                    .filter_map(|&s| e.slots[s].as_ref())
+                    .flat_map(|s| s.tensors.iter().map(Tensor::shallow_clone))
+                    .collect()
+            },
+            &leaves,
+        )?;
+        out.push(StageCost {
+            input_bytes,
+            kept_bytes: fig.kept_bytes,
+            forward_extra_bytes: fig.forward_extra_bytes,
+            backward_extra_bytes: fig.backward_extra_bytes,
+            forward_seconds: fig.forward_seconds,
+        });
+        for &s in defs {
+            if let Some(slot) = &done.slots[s] {
+                cur.slots[s] = Some(slot.detached(false));
+            }
+        }
+        for (s, slot) in cur.slots.iter_mut().enumerate() {
+            if !live[i + 1][s] {
+                *slot = None;
+            }
+        }
+    }
+    let output_bytes = storage_bytes(cur.tensors(), &args);
+    Ok(ChainCost {
+        stages: out,
+        output_bytes,
+        checkpoint_bytes: profile::probe_checkpoint_bytes(options, device)?,
+    })
+}
