@@ -524,9 +524,9 @@ pub use ckpt_macros::ShallowClone;
 /// ```
 ///
 /// A forward whose budget is impossible panics with [`CkptError::BudgetTooSmall`]'s
-/// message; call `plan_for` first to get it as a `Result`. The profile draws from the
-/// random generators (dropout stages run again): call `plan_for` before seeding when a
-/// run must be reproducible. `examples/plan_encoder.rs` compares `segments = auto` with
+/// message; call `plan_for` first to get it as a `Result`. The profile leaves the random
+/// generators as it found them (their states are saved and restored around it), so a
+/// seeded run draws the same dropout masks with or without it. `examples/plan_encoder.rs` compares `segments = auto` with
 /// every `segments = N` on the transformer encoder.
 ///
 /// # What is generated

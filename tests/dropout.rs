@@ -116,3 +116,35 @@ fn module_t_chain_with_dropout() {
         assert_all_equal(&format!("train = {train}"), &grads_of(&loss, &ps), &want);
     }
 }
+
+/// Profiling for `segments = auto` runs dropout stages again, but it saves and restores
+/// the generators' states: the random stream after it is the stream before it, so a
+/// seeded first step draws the masks an unprofiled one would.
+#[test]
+fn profiling_leaves_the_random_stream_alone() {
+    let _rng = rng();
+    #[derive(Debug)]
+    struct Drop(nn::Linear);
+    impl ShallowClone for Drop {
+        fn shallow_clone(&self) -> Self {
+            Drop(self.0.shallow_clone())
+        }
+    }
+    impl ModuleT for Drop {
+        fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
+            self.0.forward(xs).dropout(0.5, train)
+        }
+    }
+    let vs = nn::VarStore::new(Device::Cpu);
+    let blocks: Vec<Drop> = (0..4)
+        .map(|i| Drop(nn::linear(vs.root() / i, 8, 8, Default::default())))
+        .collect();
+    let x = input(&[4, 8]);
+    tch::manual_seed(30);
+    let want = Tensor::rand([6], (Kind::Float, Device::Cpu));
+    tch::manual_seed(30);
+    let cost = ckpt::plan::profile_sequential_t(&blocks, &x, true);
+    assert_eq!(cost.len(), 4);
+    let got = Tensor::rand([6], (Kind::Float, Device::Cpu));
+    assert!(got.equal(&want), "profiling moved the random stream");
+}

@@ -613,6 +613,32 @@ int32_t ckpt_cuda_reset_peak(int32_t device, void* err_ctx, ckpt_msg_fn set_err)
 
 int32_t ckpt_cuda_available() { return cuda_present() ? 1 : 0; }
 
+// Saves the CPU generator's state and, where CUDA is present, every CUDA generator's
+// (torch.random.fork_rng); `ckpt_rng_restore` puts them back and frees the copy.
+// Returns null on failure (nothing to restore then).
+void* ckpt_rng_save() {
+  try {
+    std::set<c10::DeviceIndex> devices;
+    if (cuda_present()) {
+      const auto n = at::detail::getCUDAHooks().deviceCount();
+      for (c10::DeviceIndex i = 0; i < n; ++i) devices.insert(i);
+    }
+    return new RngState(RngState::capture(devices));
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void ckpt_rng_restore(void* state) {
+  if (state == nullptr) return;
+  auto* s = static_cast<RngState*>(state);
+  try {
+    s->restore();
+  } catch (...) {
+  }
+  delete s;
+}
+
 // Sets the autocast state of a device type (0 = CPU, 1 = CUDA); the previous state is
 // written to `prev_enabled` / `prev_dtype` (ScalarType codes).
 int32_t ckpt_autocast_set(int32_t device_type, int32_t enabled, int32_t dtype,

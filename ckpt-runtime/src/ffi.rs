@@ -60,6 +60,8 @@ unsafe extern "C" {
         set_err: MsgFn,
     ) -> i32;
     fn ckpt_autocast_enter();
+    fn ckpt_rng_save() -> *mut c_void;
+    fn ckpt_rng_restore(state: *mut c_void);
     fn ckpt_autocast_exit();
 }
 
@@ -359,4 +361,24 @@ pub(crate) fn autocast_enter() {
 pub(crate) fn autocast_exit() {
     // SAFETY: decrements it, clearing the cast cache at zero.
     unsafe { ckpt_autocast_exit() }
+}
+
+/// Fork semantics for the random generators (`torch.random.fork_rng`): the CPU
+/// generator's state and every CUDA generator's are saved on creation and restored on
+/// drop, so code run in between (profiling) leaves the random streams as they were.
+pub(crate) struct RngFork(*mut c_void);
+
+impl RngFork {
+    pub(crate) fn new() -> Self {
+        // SAFETY: returns a heap copy of the generator states (or null on failure),
+        // owned by this value until `drop` hands it back.
+        RngFork(unsafe { ckpt_rng_save() })
+    }
+}
+
+impl Drop for RngFork {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from `ckpt_rng_save` and is restored and freed once.
+        unsafe { ckpt_rng_restore(self.0) }
+    }
 }

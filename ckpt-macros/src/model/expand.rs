@@ -1072,8 +1072,8 @@ fn schedule_methods(model: &Model, rt: &Generics) -> TokenStream {
          `segments = auto` and `budget` schedules it is the planner's plan, cached per input \
          shape, dtype, device and train flag, which the next `{method}` uses; for fixed \
          schedules, their cuts evaluated on the profile. Profiles the stages on first sight \
-         of the input (one extra forward and backward of each stage, drawing from the random \
-         generators as dropout does: call it before seeding to keep a run reproducible)."
+         of the input (one extra forward and backward of each stage; the random generators' \
+         states are saved and restored around it, so seeded runs stay reproducible)."
     );
     quote! {
         #[allow(dead_code)]

@@ -87,9 +87,10 @@ pub fn f_profile_sequential_t<M: ModuleT>(
 /// forwards and one backward of the chain, one stage at a time, so its own peak is about
 /// one stage's.
 ///
-/// Side effects: it resets the device's peak counter ([`memory::reset_peak`]), and
-/// random ops in the stages (dropout) draw from the global generators, as any extra
-/// forward would.
+/// Side effects: it resets the device's peak counter ([`memory::reset_peak`]). Random
+/// ops in the stages (dropout) run, but the generators' states (CPU, and every CUDA
+/// device's) are saved before and restored after, so the random streams are as if the
+/// profile had not run.
 ///
 /// # Panics
 ///
@@ -225,6 +226,9 @@ where
 {
     let device = input.device();
     memory::f_stats(device)?;
+    // Profiling runs the stages (dropout included) several times; the random streams
+    // must not notice, so that the first profiled step draws what an unprofiled one would.
+    let _rng = crate::ffi::RngFork::new();
     let mut stages = Vec::with_capacity(len);
     let mut x = input.detach();
     for i in 0..len {

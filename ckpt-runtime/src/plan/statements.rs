@@ -597,6 +597,8 @@ fn profile_env(
         .find(|t| t.defined())
         .map_or(Device::Cpu, Tensor::device);
     memory::f_stats(device)?;
+    // As `profile::profile`: the random streams must not notice the profiling runs.
+    let _rng = crate::ffi::RngFork::new();
     let args: HashSet<usize> = env
         .tensors()
         .filter(|t| t.defined())
