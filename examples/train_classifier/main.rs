@@ -38,6 +38,9 @@ use crate::report::{ConfigJson, Report, RunJson};
 use crate::text::VocabConfig;
 use crate::train::{Schedule, TrainConfig};
 
+// The data's padding id is the model's.
+const _: () = assert!(data::PAD == model::PAD);
+
 /// Which runs to make.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Mode {
@@ -69,6 +72,26 @@ impl FromStr for DeviceArg {
                 .and_then(|i| i.parse().ok())
                 .map(DeviceArg::Cuda)
                 .ok_or_else(|| format!("`{s}`: expected cpu, cuda, cuda:N or auto")),
+        }
+    }
+}
+
+/// `--segments`: a count, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SegmentsArg {
+    Count(usize),
+    Auto,
+}
+
+impl FromStr for SegmentsArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(SegmentsArg::Auto),
+            _ => s
+                .parse()
+                .map(SegmentsArg::Count)
+                .map_err(|_| format!("`{s}`: expected a number of segments or `auto`")),
         }
     }
 }
@@ -120,10 +143,12 @@ struct Args {
     /// Which runs to make.
     #[arg(long, value_enum, default_value_t = Mode::Both)]
     mode: Mode,
-    /// Segments of checkpoint_sequential over the blocks; the last one is not
-    /// checkpointed, so 3 segments over 6 blocks checkpoint blocks 0-1 and 2-3.
-    #[arg(long, default_value_t = 3)]
-    segments: usize,
+    /// Segments over the blocks, as checkpoint_sequential cuts them; the last one is not
+    /// checkpointed, so 3 segments over 6 blocks checkpoint blocks 0-1 and 2-3. `auto`:
+    /// the cuts ckpt's planner chooses for the least peak memory (from a profile of the
+    /// model's stages on the first batch).
+    #[arg(long, default_value = "3")]
+    segments: SegmentsArg,
     /// Train the runs one after the other instead of taking turns step by step
     /// (interleaving keeps the time comparison fair when other processes load the
     /// machine; the numbers are the same either way).
@@ -250,8 +275,8 @@ impl Args {
     fn check(&self, s: &Sizes) -> Result<()> {
         ensure!(self.layers >= 1, "--layers must be at least 1");
         ensure!(
-            self.segments >= 1,
-            "--segments must be at least 1 (1 checkpoints nothing)"
+            self.segments != SegmentsArg::Count(0),
+            "--segments must be at least 1 (1 checkpoints nothing), or auto"
         );
         ensure!(
             self.heads >= 1 && self.d_model >= 1 && self.d_model % self.heads == 0,
@@ -385,10 +410,11 @@ fn main() -> Result<()> {
             .collect()
     } else {
         let plain = ("plain".to_owned(), Strategy::Plain);
-        let ckpt = (
-            "checkpointed".to_owned(),
-            Strategy::Checkpointed(args.segments),
-        );
+        let ckpt = match args.segments {
+            SegmentsArg::Count(n) => ("checkpointed".to_owned(), Strategy::Checkpointed(n)),
+            // The planner's cuts; the table's segments column shows `-`.
+            SegmentsArg::Auto => ("checkpointed-auto".to_owned(), Strategy::Auto),
+        };
         match args.mode {
             Mode::Both => vec![plain, ckpt],
             Mode::Plain => vec![plain],

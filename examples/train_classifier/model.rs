@@ -1,5 +1,5 @@
-//! The model: a pre-LN transformer encoder classifier, checkpointed with
-//! [`ckpt::checkpoint_sequential_t`] over its blocks.
+//! The model: a pre-LN transformer encoder classifier, declared with [`ckpt::model!`]
+//! and checkpointed over its blocks.
 //!
 //! ```text
 //! ids [batch, seq] ─▶ token embedding + learned positions ─▶ dropout
@@ -17,17 +17,24 @@
 //! residual stream free of normalisation, so each block's input, the tensor a
 //! checkpointed segment stashes, is the plain sum that the previous block returned.
 //!
-//! A block needs the batch's padding mask besides its input, while a module in
-//! `checkpoint_sequential_t` takes one tensor; [`MaskedBlock`] pairs a shallow clone of
-//! a block with the mask of the current batch (a few reference-count increments per
-//! step). The `ShallowClone` impls are written by hand; `model!` and
-//! `#[derive(ShallowClone)]` will replace them.
+//! The classifier is declared with [`ckpt::model!`]: eleven stages (embedding, dropout,
+//! the blocks one by one, final norm, pooling, head), two per-call values (the key
+//! padding bias and the pooling mask) that every checkpointed segment receives in its
+//! stash, and a schedule that [`Strategy`] sets at run time: `--segments N` cuts the
+//! *blocks* as PyTorch's `checkpoint_sequential(blocks, N)` would (6 blocks, N = 3: two
+//! blocks a segment), the embedding joining the first segment and the norm, pooling and
+//! head the last, plain one; `--segments auto` lets `ckpt`'s planner choose the cuts.
+//!
+//! `Block` is self-contained (no `crate::` imports) so that other programs, such as
+//! the benchmarks in `bench/`, can include this file as a module.
 
-use ckpt::ShallowClone;
-use tch::nn::{self, ModuleT};
+use ckpt::plan::{Objective, Schedule};
+use tch::nn;
 use tch::{Kind, Tensor};
 
-use crate::data::PAD;
+/// Id of the padding token (`data::PAD`; `main.rs` asserts they agree, this file has no
+/// `crate::` imports).
+pub const PAD: i64 = 0;
 
 /// Sizes of the model; every one is a command-line flag.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -51,7 +58,7 @@ pub struct ModelConfig {
 }
 
 /// One encoder block's parameters.
-#[derive(Debug)]
+#[derive(Debug, ckpt::ShallowClone)]
 pub struct Block {
     ln1: nn::LayerNorm,
     qkv: nn::Linear,
@@ -125,134 +132,81 @@ impl Block {
     }
 }
 
-impl ShallowClone for Block {
-    fn shallow_clone(&self) -> Self {
-        Block {
-            ln1: self.ln1.shallow_clone(),
-            qkv: self.qkv.shallow_clone(),
-            out: self.out.shallow_clone(),
-            ln2: self.ln2.shallow_clone(),
-            ff1: self.ff1.shallow_clone(),
-            ff2: self.ff2.shallow_clone(),
-            heads: self.heads,
-            dropout: self.dropout,
-        }
+/// `0` for real keys, `-inf` for padding, `[batch * heads, 1, seq]`, from `ids: [batch,
+/// seq]`: the additive attention bias of every block.
+pub fn key_bias(ids: &Tensor, heads: i64) -> Tensor {
+    let (b, s) = ids.size2().expect("ids are [batch, seq]");
+    Tensor::zeros([b, 1, 1, s], (Kind::Float, ids.device()))
+        .masked_fill(&ids.eq(PAD).view([b, 1, 1, s]), f64::NEG_INFINITY)
+        .expand([b, heads, 1, s], false)
+        .reshape([b * heads, 1, s])
+}
+
+ckpt::model! {
+    /// Token ids `[batch, seq]` (int64, 0 = padding, at least one real token a row) →
+    /// logits `[batch, classes]`. Variables: `tok`, `pos`, `blocks/0..layers`, `ln_f`,
+    /// `head`.
+    #[checkpointed(segments = 1)] // set at run time by `Strategy::apply`
+    pub struct Classifier(p, cfg: &ModelConfig) {
+        let key_bias: Tensor = key_bias(xs, self.heads),
+        let keep: Tensor = xs.ne(PAD).to_kind(Kind::Float).unsqueeze(-1),
+        #[field] heads: i64 = cfg.heads,
+        #[field] pos: Tensor = p.var("pos", &[cfg.seq_len, cfg.d_model], nn::Init::Randn { mean: 0., stdev: 0.02 }),
+        tok: nn::Embedding = nn::embedding(p, cfg.vocab_size, cfg.d_model, nn::EmbeddingConfig { padding_idx: PAD, ..Default::default() })
+            => |tok, ids| ids.apply(tok) + self.pos.narrow(0, 0, ids.size()[1]),
+        dropout(cfg.dropout),
+        blocks: [Block; cfg.layers] = Block::new(p, cfg) => |b, xs, train| b.forward(xs, &key_bias, train),
+        ln_f: nn::LayerNorm = nn::layer_norm(p, vec![cfg.d_model], Default::default()),
+        // Mean over the real tokens.
+        |xs| (xs * &keep).sum_dim_intlist(1, false, Kind::Float) / keep.sum_dim_intlist(1, false, Kind::Float).clamp_min(1.0),
+        head: nn::Linear = nn::linear(p, cfg.d_model, cfg.n_classes, Default::default()),
     }
 }
 
-/// A block with the key padding mask of the current batch: the one-tensor module that
-/// `checkpoint_sequential_t` chains. A checkpointed segment captures it, mask included.
-#[derive(Debug)]
-pub struct MaskedBlock {
-    block: Block,
-    key_bias: Tensor,
-}
-
-impl ModuleT for MaskedBlock {
-    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
-        self.block.forward(xs, &self.key_bias, train)
-    }
-}
-
-impl ShallowClone for MaskedBlock {
-    fn shallow_clone(&self) -> Self {
-        MaskedBlock {
-            block: self.block.shallow_clone(),
-            key_bias: self.key_bias.shallow_clone(),
-        }
-    }
-}
+/// Stages of [`Classifier`] before its first block (embedding, dropout).
+const STAGES_BEFORE_BLOCKS: usize = 2;
 
 /// How the blocks are run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
-    /// One after the other, every activation kept for backward (no `ckpt` involved).
+    /// One after the other, every activation kept for backward (nothing checkpointed).
     Plain,
-    /// `ckpt::checkpoint_sequential_t` with this many segments (the last one is not
-    /// checkpointed; 1 checkpoints nothing).
+    /// The blocks cut into this many segments as `checkpoint_sequential(blocks, N)` cuts
+    /// them (the last one is not checkpointed; 1 checkpoints nothing).
     Checkpointed(usize),
+    /// The cuts `ckpt`'s planner chooses for the least peak memory (`segments = auto`),
+    /// from a profile of the model's stages on the first training batch.
+    Auto,
 }
 
-/// The classifier.
-#[derive(Debug)]
-pub struct Classifier {
-    tok: nn::Embedding,
-    pos: Tensor,
-    blocks: Vec<Block>,
-    ln_f: nn::LayerNorm,
-    head: nn::Linear,
-    heads: i64,
-    dropout: f64,
-}
-
-impl Classifier {
-    /// The model's variables under `p`: `tok`, `pos`, `blocks/0..layers`, `ln_f`, `head`.
-    ///
-    /// # Panics
-    ///
-    /// When `d_model` is not a multiple of `heads` (the flags are checked before).
-    pub fn new(p: &nn::Path, cfg: &ModelConfig) -> Self {
-        assert_eq!(
-            cfg.d_model % cfg.heads,
-            0,
-            "d_model must be a multiple of heads"
-        );
-        let emb = nn::EmbeddingConfig {
-            padding_idx: PAD,
-            ..Default::default()
-        };
-        let blocks = p / "blocks";
-        Classifier {
-            tok: nn::embedding(p / "tok", cfg.vocab_size, cfg.d_model, emb),
-            pos: p.var(
-                "pos",
-                &[cfg.seq_len, cfg.d_model],
-                nn::Init::Randn {
-                    mean: 0.,
-                    stdev: 0.02,
-                },
-            ),
-            blocks: (0..cfg.layers)
-                .map(|i| Block::new(&blocks / i, cfg))
-                .collect(),
-            ln_f: nn::layer_norm(p / "ln_f", vec![cfg.d_model], Default::default()),
-            head: nn::linear(p / "head", cfg.d_model, cfg.n_classes, Default::default()),
-            heads: cfg.heads,
-            dropout: cfg.dropout,
+impl Strategy {
+    /// The segment count of the runs table and JSON (0 for plain and auto).
+    pub fn segments(self) -> usize {
+        match self {
+            Strategy::Checkpointed(n) => n,
+            Strategy::Plain | Strategy::Auto => 0,
         }
     }
 
-    /// `ids: [batch, seq]` (int64, 0 = padding, at least one real token a row) → logits
-    /// `[batch, classes]`.
-    pub fn forward_t(&self, ids: &Tensor, train: bool, strategy: Strategy) -> Tensor {
-        let (b, s) = ids.size2().expect("ids are [batch, seq]");
-        let pad = ids.eq(PAD); // [batch, seq]
-        // 0 for real keys, -inf for padding: [batch * heads, 1, seq].
-        let key_bias = Tensor::zeros([b, 1, 1, s], (Kind::Float, ids.device()))
-            .masked_fill(&pad.view([b, 1, 1, s]), f64::NEG_INFINITY)
-            .expand([b, self.heads, 1, s], false)
-            .reshape([b * self.heads, 1, s]);
-        let xs = (ids.apply(&self.tok) + self.pos.narrow(0, 0, s)).dropout(self.dropout, train);
-        let masked: Vec<MaskedBlock> = self
-            .blocks
-            .iter()
-            .map(|block| MaskedBlock {
-                block: block.shallow_clone(),
-                key_bias: key_bias.shallow_clone(),
-            })
-            .collect();
-        let xs = match strategy {
-            Strategy::Plain => masked
-                .iter()
-                .fold(xs, |xs, block| block.forward_t(&xs, train)),
-            Strategy::Checkpointed(segments) => {
-                ckpt::checkpoint_sequential_t(&masked, segments, &xs, train)
+    /// Sets `model`'s schedule. For `Checkpointed(n)` the cuts are the block boundaries
+    /// of `ckpt::sequential_segments(layers, n)`, shifted past the stages before the
+    /// blocks.
+    ///
+    /// # Errors
+    ///
+    /// `n = 0` ([`ckpt::CkptError::InvalidArgument`]).
+    pub fn apply(self, model: &mut Classifier, layers: usize) -> Result<(), ckpt::CkptError> {
+        match self {
+            Strategy::Plain => model.set_segments(1),
+            Strategy::Auto => model.set_schedule(Schedule::Auto(Objective::MinPeak)),
+            Strategy::Checkpointed(n) => {
+                let ranges = ckpt::sequential_segments(layers, n)?;
+                let cuts = ranges[1..]
+                    .iter()
+                    .map(|r| STAGES_BEFORE_BLOCKS + r.start)
+                    .collect();
+                model.set_schedule(Schedule::Cuts(cuts))
             }
-        };
-        // Mean over the real tokens.
-        let keep = pad.logical_not().to_kind(Kind::Float).unsqueeze(-1); // [batch, seq, 1]
-        let count = keep.sum_dim_intlist(1, false, Kind::Float).clamp_min(1.0);
-        let pooled = (xs.apply(&self.ln_f) * &keep).sum_dim_intlist(1, false, Kind::Float) / count;
-        pooled.apply(&self.head)
+        }
     }
 }

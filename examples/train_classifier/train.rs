@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use tch::nn::{self, OptimizerConfig};
+use tch::nn::{self, ModuleT, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
 use crate::data::Task;
@@ -133,7 +133,6 @@ pub enum Schedule {
 
 /// One training run in progress: its own model, optimizer and measurements.
 struct Run {
-    strategy: Strategy,
     vs: nn::VarStore,
     model: Classifier,
     opt: nn::Optimizer,
@@ -154,7 +153,8 @@ impl Run {
     ) -> Result<Self> {
         tch::manual_seed(cfg.seed as i64);
         let vs = nn::VarStore::new(cfg.device);
-        let model = Classifier::new(&vs.root(), model_cfg);
+        let mut model = Classifier::new(vs.root(), model_cfg);
+        strategy.apply(&mut model, model_cfg.layers)?;
         let opt = nn::AdamW {
             wd: cfg.weight_decay,
             ..Default::default()
@@ -170,17 +170,13 @@ impl Run {
         );
         bar.set_prefix(name.to_owned());
         Ok(Run {
-            strategy,
             vs,
             model,
             opt,
             bar,
             result: RunResult {
                 name: name.to_owned(),
-                segments: match strategy {
-                    Strategy::Plain => 0,
-                    Strategy::Checkpointed(n) => n,
-                },
+                segments: strategy.segments(),
                 peak_bytes: 0,
                 first_step_peak_bytes: 0,
                 baseline_bytes: 0,
@@ -206,10 +202,7 @@ impl Run {
         synchronize(cfg.device);
         let start = Instant::now();
         let (out, report) = ckpt::memory::f_measure(cfg.device, || -> Result<_> {
-            let loss = self
-                .model
-                .forward_t(xs, true, self.strategy)
-                .cross_entropy_for_logits(ys);
+            let loss = self.model.forward_t(xs, true).cross_entropy_for_logits(ys);
             loss.f_backward()?;
             let grads = if first {
                 grads_of(&self.vs)?
@@ -336,9 +329,7 @@ fn evaluate(model: &Classifier, task: &Task, cfg: &TrainConfig) -> f64 {
             .chunks(cfg.batch_size)
             .map(|chunk| {
                 let (xs, ys) = task.test.batch(chunk, cfg.device);
-                let pred = model
-                    .forward_t(&xs, false, Strategy::Plain)
-                    .argmax(-1, false);
+                let pred = model.forward_t(&xs, false).argmax(-1, false);
                 pred.eq_tensor(&ys).sum(Kind::Int64).int64_value(&[])
             })
             .sum()
