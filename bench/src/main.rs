@@ -588,7 +588,7 @@ impl Report {
              # Benchmarks: ckpt vs PyTorch on the same libtorch\n\n\
              Measured {date} on {machine}, {threads} threads, libtorch 2.13.0 (the PyPI wheel of \
              PyTorch 2.13.0 on both sides){quick}.\n\n\
-             ```sh\n./x.sh bench            # about 10 minutes on 2 cores; ./x.sh bench --quick for a smoke run\n```\n\n\
+             ```sh\n./x.sh bench            # about 2.5 minutes on 2 cores; ./x.sh bench --quick for a smoke run\n```\n\n\
              ## Targets\n\n{targets}\n\
              ## Results\n\n\
              Median step time and peak tensor memory of a training step above the bytes live \
