@@ -5,6 +5,7 @@
 //! streams; everything else is plain Rust on `proc_macro2`, testable without a compiler
 //! session (the expansion snapshots in `checkpointed/snapshots/` are such tests).
 
+mod args;
 mod budget;
 mod checkpointed;
 mod ctxt;

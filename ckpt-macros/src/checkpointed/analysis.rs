@@ -17,7 +17,8 @@ use syn::spanned::Spanned;
 use syn::visit::Visit;
 use syn::{Expr, FnArg, Ident, Pat, Stmt, Token};
 
-use super::parse::{self, Args, ParamKind, Rule};
+use super::parse::{self, ParamKind, Rule};
+use crate::args::Args;
 use crate::ctxt::Ctxt;
 
 /// A name bound by a parameter or a top-level `let`.

@@ -13,7 +13,8 @@ use syn::visit_mut::VisitMut;
 use syn::{Expr, Ident, Stmt};
 
 use super::analysis::{Binding, Group as SegmentGroup, Pass, Plan};
-use super::parse::{self, Args, Function, ParamKind};
+use super::parse::{self, Function, ParamKind};
+use crate::args::Args;
 use crate::budget::Objective;
 
 /// Tuples of the stash have at most this many elements; longer lists are nested.

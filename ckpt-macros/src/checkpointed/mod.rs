@@ -16,7 +16,7 @@ use crate::ctxt::Ctxt;
 /// (less the `#[ckpt::allow]` markers) next to every error found, so IDEs keep working.
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut cx = Ctxt::default();
-    let args = parse::parse_args(args, &mut cx);
+    let args = crate::args::parse_args(args, crate::args::Target::Function, &mut cx);
     let func = match parse::parse_function(item.clone()) {
         Ok(func) => func,
         Err(e) => {
