@@ -9,7 +9,8 @@ use crate::CkptError;
 /// A memory budget for the planner: the predicted peak (bytes above the baseline, see
 /// the [cost model](super)) must not exceed it.
 ///
-/// Parsed from a string ([`str::parse`]):
+/// Parsed from a string ([`str::parse`]; the grammar is the `ckpt-budget` crate's, which
+/// the macros use for `budget = ".."` too):
 ///
 /// - bytes with a unit: `"512 MiB"`, `"1.5GiB"`, `"64KiB"`, `"1000000 B"`; binary units
 ///   `KiB`, `MiB`, `GiB`, `TiB` (and the short `K`, `M`, `G`, `T`, also binary), decimal
@@ -75,51 +76,16 @@ impl FromStr for Budget {
     /// bare number outside `(0, 1]`, a percentage outside `(0, 100]`, or a byte count
     /// past `u64::MAX`.
     fn from_str(s: &str) -> Result<Self, CkptError> {
-        let bad = |why: &str| {
-            CkptError::InvalidArgument(format!(
-                "budget {s:?}: {why} (write bytes with a unit, \"512 MiB\", \"1.5GiB\", or a fraction of the plain run's peak, \"0.4\" or \"40%\")"
-            ))
-        };
-        let t = s.trim();
-        let split = t
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let value: f64 = num.parse().map_err(|_| bad("no number"))?;
-        let unit = unit.trim();
-        if unit.is_empty() {
-            return if value > 0.0 && value <= 1.0 {
-                Ok(Budget::FractionOfPlain(value))
-            } else {
-                Err(bad(
-                    "a bare number is a fraction of the plain run's peak, in (0, 1]",
+        ckpt_budget::parse(s)
+            .map(|b| match b {
+                ckpt_budget::Budget::Bytes(n) => Budget::Bytes(n),
+                ckpt_budget::Budget::Fraction(f) => Budget::FractionOfPlain(f),
+            })
+            .map_err(|why| {
+                CkptError::InvalidArgument(format!(
+                    "budget {s:?}: {why} (write bytes with a unit, \"512 MiB\", \"1.5GiB\", or a fraction of the plain run's peak, \"0.4\" or \"40%\")"
                 ))
-            };
-        }
-        if unit == "%" {
-            return if value > 0.0 && value <= 100.0 {
-                Ok(Budget::FractionOfPlain(value / 100.0))
-            } else {
-                Err(bad("a percentage must be in (0, 100]"))
-            };
-        }
-        let scale: f64 = match unit.to_ascii_lowercase().as_str() {
-            "b" | "byte" | "bytes" => 1.0,
-            "kib" | "k" => 1024.0,
-            "mib" | "m" => 1024f64.powi(2),
-            "gib" | "g" => 1024f64.powi(3),
-            "tib" | "t" => 1024f64.powi(4),
-            "kb" => 1e3,
-            "mb" => 1e6,
-            "gb" => 1e9,
-            "tb" => 1e12,
-            _ => return Err(bad(&format!("unknown unit {unit:?}"))),
-        };
-        let bytes = (value * scale).floor();
-        if bytes >= u64::MAX as f64 {
-            return Err(bad("more bytes than a u64 holds"));
-        }
-        Ok(Budget::Bytes(bytes as u64))
+            })
     }
 }
 
