@@ -186,6 +186,33 @@ fn allow_unused_mut_params(sig: &syn::Signature) -> syn::Signature {
     sig
 }
 
+/// How a segment (or an auto-mode stage) reaches module state, `self` and `&Module`
+/// parameters, each shared by one `ckpt::Shared` shallow clone per call: the `Arc`
+/// clones moved into its closure, and the locks taken inside it that rebind `self` (as
+/// `__ckpt_self`) and the parameters by name.
+fn module_state(
+    uses_self: bool,
+    captures: &[Ident],
+    shared_self: &Ident,
+) -> (Vec<TokenStream>, Vec<TokenStream>) {
+    let mut clones = Vec::new();
+    let mut locks = Vec::new();
+    if uses_self {
+        let guard = mixed("__ckpt_self_guard");
+        let self_ref = mixed("__ckpt_self");
+        clones.push(quote!(let #shared_self = ::ckpt::__private::ShallowClone::shallow_clone(&#shared_self);));
+        locks.push(quote!(let #guard = #shared_self.lock(); let #self_ref = &*#guard;));
+    }
+    for c in captures {
+        let shared = capture_ident(c);
+        let guard = format_ident!("{}_guard", shared);
+        clones
+            .push(quote!(let #shared = ::ckpt::__private::ShallowClone::shallow_clone(&#shared);));
+        locks.push(quote!(let #guard = #shared.lock(); let #c = &*#guard;));
+    }
+    (clones, locks)
+}
+
 fn capture_ident(param: &Ident) -> Ident {
     format_ident!(
         "__ckpt_capture_{}",
@@ -274,21 +301,7 @@ fn segment(
     let input_value = nest(in_exprs);
 
     // Module state: `self` and `&Module` parameters, one shared shallow clone per call.
-    let mut clones = Vec::new();
-    let mut locks = Vec::new();
-    if group.uses_self {
-        let guard = mixed("__ckpt_self_guard");
-        let self_ref = mixed("__ckpt_self");
-        clones.push(quote!(let #shared_self = ::ckpt::__private::ShallowClone::shallow_clone(&#shared_self);));
-        locks.push(quote!(let #guard = #shared_self.lock(); let #self_ref = &*#guard;));
-    }
-    for c in &group.captures {
-        let shared = capture_ident(c);
-        let guard = format_ident!("{}_guard", shared);
-        clones
-            .push(quote!(let #shared = ::ckpt::__private::ShallowClone::shallow_clone(&#shared);));
-        locks.push(quote!(let #guard = #shared.lock(); let #c = &*#guard;));
-    }
+    let (clones, locks) = module_state(group.uses_self, &group.captures, shared_self);
 
     // Outputs: bindings defined here and used later.
     let out_exprs: Vec<TokenStream> = group
@@ -493,22 +506,7 @@ fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objecti
         let stage_ident = format_ident!("__ckpt_s{}", i, span = Span::mixed_site());
         stage_names.push(stage_ident.clone());
         let out_slots: Vec<usize> = g.outputs.iter().map(|b| slot_of[&b.id]).collect();
-        let mut clones = Vec::new();
-        let mut locks = Vec::new();
-        if g.uses_self {
-            let guard = mixed("__ckpt_self_guard");
-            let self_ref = mixed("__ckpt_self");
-            clones.push(quote!(let #shared_self = ::ckpt::__private::ShallowClone::shallow_clone(&#shared_self);));
-            locks.push(quote!(let #guard = #shared_self.lock(); let #self_ref = &*#guard;));
-        }
-        for c in &g.captures {
-            let shared = capture_ident(c);
-            let guard = format_ident!("{}_guard", shared);
-            clones.push(
-                quote!(let #shared = ::ckpt::__private::ShallowClone::shallow_clone(&#shared);),
-            );
-            locks.push(quote!(let #guard = #shared.lock(); let #c = &*#guard;));
-        }
+        let (clones, locks) = module_state(g.uses_self, &g.captures, &shared_self);
         let mut takes = Vec::new();
         let mut in_slots = Vec::new();
         for input in &g.inputs {

@@ -335,16 +335,7 @@ impl ChainCost {
     /// NaN time; byte figures summing past 2^62).
     pub fn evaluate(&self, cuts: &[usize]) -> Result<Plan, CkptError> {
         self.check()?;
-        let len = self.len();
-        let mut prev = 0;
-        for &c in cuts {
-            if c <= prev || c >= len {
-                return Err(CkptError::InvalidArgument(format!(
-                    "cuts {cuts:?} of a {len}-stage chain: they must be strictly increasing and within 1..{len}"
-                )));
-            }
-            prev = c;
-        }
+        schedule::check_cuts(cuts, self.len())?;
         let (peak, phase) = dp::evaluate(self, cuts);
         Ok(self.make_plan(cuts.to_vec(), peak, phase, None))
     }

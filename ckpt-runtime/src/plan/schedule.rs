@@ -108,7 +108,8 @@ impl From<&Plan> for Schedule {
     }
 }
 
-fn check_cuts(cuts: &[usize], len: usize) -> Result<(), CkptError> {
+/// Cuts of a `len`-stage chain must be strictly increasing and within `1..len`.
+pub(crate) fn check_cuts(cuts: &[usize], len: usize) -> Result<(), CkptError> {
     let mut prev = 0;
     for &c in cuts {
         if c <= prev || c >= len {
