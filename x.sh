@@ -4,7 +4,8 @@
 #
 #   ./x.sh run [ARGS]   train the checkpointed transformer classifier (the main program);
 #                       ARGS go to it, e.g. ./x.sh run --quick
-#   ./x.sh test         every check: formatting, clippy (warnings are errors), all tests
+#   ./x.sh test         every check: formatting, clippy (warnings are errors), all tests,
+#                       and the docs (broken links are errors)
 #   ./x.sh bench        the side-by-side benchmarks (bench/README.md)
 #   ./x.sh setup        only the libtorch set-up
 set -euo pipefail
@@ -22,6 +23,7 @@ case "$cmd" in
         cargo fmt --all --check
         cargo clippy --workspace --all-targets --locked -- -D warnings
         cargo test --workspace --locked "$@"
+        RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
         ;;
     bench)
         exec bench/run.sh "$@"

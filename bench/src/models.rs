@@ -3,10 +3,8 @@
 use tch::Tensor;
 use tch::nn::{self, Module};
 
-/// The main program's transformer encoder classifier (`examples/train_classifier/
-/// model.rs`, declared with `ckpt::model!`: pre-LN blocks, learned positions, mean
-/// pooling, linear head; `Strategy::Checkpointed(n)` cuts the blocks as
-/// `checkpoint_sequential(blocks, n)` does).
+// The main program's transformer encoder classifier (its module docs come from the file;
+// an outer doc comment here would make rustdoc resolve their links from this module).
 #[path = "../../examples/train_classifier/model.rs"]
 pub mod classifier;
 
