@@ -383,3 +383,70 @@ fn recompute_replays_the_autocast_state() {
         "autocast to float32 is rejected"
     );
 }
+
+/// Casts that autocast makes during a recompute (bfloat16 copies of the weights) must not
+/// outlive it: three SGD steps under autocast, with the weights updated in place after
+/// each backward, give the plain run's losses (the recompute opens its own autocast
+/// region, whose end clears libtorch's cast cache).
+#[test]
+fn autocast_casts_do_not_outlive_the_recompute() {
+    let train = |checkpointed: bool| -> Vec<f64> {
+        tch::manual_seed(15);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let w = vs.root().randn("w", &[16, 16], 0.0, 1.0);
+        let x = Tensor::randn([8, 16], (Kind::Float, Device::Cpu));
+        (0..3)
+            .map(|_| {
+                let y = ckpt::amp::autocast(Device::Cpu, Kind::BFloat16, || {
+                    if checkpointed {
+                        let w2 = w.shallow_clone();
+                        ckpt::checkpoint(move |x: Tensor| x.matmul(&w2).relu(), x.shallow_clone())
+                    } else {
+                        x.matmul(&w).relu()
+                    }
+                });
+                let loss = y.to_kind(Kind::Float).sum(Kind::Float);
+                loss.backward();
+                tch::no_grad(|| {
+                    let mut w = w.shallow_clone();
+                    let _ = w.f_sub_(&(w.grad() * 0.01)).unwrap();
+                    let _ = w.grad().zero_();
+                });
+                loss.double_value(&[])
+            })
+            .collect()
+    };
+    let plain = train(false);
+    assert_ne!(plain[0], plain[1], "the weights change between steps");
+    assert_eq!(train(true), plain);
+}
+
+/// A segment may return a tensor from outside it as is (a captured parameter, a buffer,
+/// or the result of an op that returns its argument, such as `to_device` to the same
+/// device): the tensor itself is left alone (a parameter stays a leaf, a buffer does not
+/// start to require grad), and backward computes the plain gradients.
+#[test]
+fn an_output_that_is_a_tensor_from_outside_the_segment() {
+    tch::manual_seed(16);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let w = vs.root().randn("w", &[3], 0.0, 1.0);
+    let buffer = Tensor::ones([3], (Kind::Float, Device::Cpu));
+    let x = input(&[3]);
+    let (wc, bc) = (w.shallow_clone(), buffer.shallow_clone());
+    let (y, p, b): (Tensor, Tensor, Tensor) = ckpt::checkpoint(
+        move |x: Tensor| (&x * &wc, wc.to_device(Device::Cpu), bc.shallow_clone()),
+        x.shallow_clone(),
+    );
+    assert!(
+        w.is_leaf() && w.requires_grad(),
+        "the parameter is still a leaf"
+    );
+    assert!(!buffer.requires_grad(), "the buffer does not require grad");
+    assert!(p.equal(&w) && b.equal(&buffer));
+    (y.sum(Kind::Float) + p.sum(Kind::Float) * 2.0).backward();
+    assert!(
+        w.grad().equal(&(x.detach() + 2.0)),
+        "d/dw [sum(x*w) + 2 sum(w)] = x + 2"
+    );
+    assert!(x.grad().equal(&w.detach()));
+}

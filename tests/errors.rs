@@ -267,3 +267,42 @@ fn no_closure_leaks() {
         assert_eq!(ckpt::live_segments(), base);
     }
 }
+
+/// A panic payload whose own `Drop` panics, and an output value whose `Drop` panics
+/// during the recompute: errors, not an abort.
+#[test]
+fn panics_while_dropping_do_not_abort() {
+    let _g = serial();
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("dropping the payload panics too");
+        }
+    }
+    let r: Result<Tensor, CkptError> =
+        ckpt::f_checkpoint(|_: Tensor| -> Tensor { std::panic::panic_any(Bomb) }, x());
+    assert!(
+        matches!(r, Err(CkptError::ClosurePanicked { ref message, .. }) if message == "panic payload is not a string"),
+        "{r:?}"
+    );
+
+    #[derive(Clone)]
+    struct Fragile(Arc<AtomicUsize>);
+    impl Drop for Fragile {
+        fn drop(&mut self) {
+            // The forward's copy is dropped quietly; the recompute's panics.
+            if self.0.fetch_add(1, Ordering::SeqCst) == 1 {
+                panic!("dropping the recompute's output panics");
+            }
+        }
+    }
+    let drops = Arc::new(AtomicUsize::new(0));
+    let d = drops.clone();
+    let (y, carried): (Tensor, ckpt::Carry<Fragile>) = ckpt::checkpoint(
+        move |x: Tensor| (x.sin(), ckpt::Carry(Fragile(d.clone()))),
+        x(),
+    );
+    std::mem::forget(carried);
+    let err = y.sum(Kind::Float).f_backward().unwrap_err().to_string();
+    assert!(err.contains("panicked during recompute"), "{err}");
+}

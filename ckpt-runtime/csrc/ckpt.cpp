@@ -239,6 +239,11 @@ struct RecomputeStateGuard {
 
   explicit RecomputeStateGuard(const Segment& s) : seg(s) {
     saved_autocast = AutocastState::capture();
+    // An autocast region, as `torch.autocast`'s context manager opens one: the cast
+    // cache (bf16/fp16 copies of leaf tensors, the weights) is cleared when the
+    // outermost region ends. Without this, the casts made by the recompute outlived it
+    // and the next forward under autocast reused copies of the old weights.
+    at::autocast::increment_nesting();
     if (seg.has_rng) {
       std::set<c10::DeviceIndex> devices;
       for (const auto& [idx, st] : seg.rng.cuda) devices.insert(idx);
@@ -250,6 +255,7 @@ struct RecomputeStateGuard {
   }
   ~RecomputeStateGuard() {
     try {
+      if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
       saved_autocast.apply();
       if (restore_rng) saved_rng.restore();
     } catch (...) {
@@ -288,6 +294,21 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     seg->autocast = AutocastState::capture();
 
     std::vector<at::Tensor> outs = call_closure(*seg, false, in, fwd_ctx);
+
+    // The node becomes the grad_fn of every output that is not an input. An output that
+    // is a tensor from outside the segment (a captured parameter or buffer returned as
+    // is, or by an op that returns its argument: `shallow_clone`, `to_device` to the
+    // same device) would be rewired: a parameter would stop being a leaf, and the
+    // recompute would backpropagate into this very node (a deadlock). Forward runs under
+    // no_grad, so a tensor the closure created is referenced only by `outs`; anything
+    // referenced elsewhere too is returned as an alias (a new tensor on the same storage)
+    // instead. Outputs that are inputs are left to autograd, which aliases them itself.
+    for (auto& o : outs) {
+      if (!o.defined() || o.use_count() <= 1) continue;
+      bool is_input = false;
+      for (const auto& x : in) is_input = is_input || x.unsafeGetTensorImpl() == o.unsafeGetTensorImpl();
+      if (!is_input) o = o.alias();
+    }
 
     std::vector<at::Tensor> non_differentiable;
     seg->outputs.clear();

@@ -132,58 +132,66 @@ extern "C" fn run_callback(
     sink: *mut c_void,
     fwd_ctx: *mut c_void,
 ) -> i32 {
+    // Everything that runs Rust code, dropping values included, stays inside
+    // `catch_unwind`: a panic, even from a `Drop` impl of an output or of a panic
+    // payload, must not unwind into C++.
+    // SAFETY: `closure` is the `Box<Closure>` leaked in `apply`; the C++ `Segment` that
+    // owns it outlives this call and only drops it through `drop_callback`.
+    let closure = unsafe { &*(closure as *const Closure) };
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: C++ passes `n` pointers from `new at::Tensor(..)` and hands their
         // ownership to this callback; `Tensor::from_ptr` takes it (freed on drop).
         let tensors: Vec<Tensor> = (0..n)
             .map(|i| unsafe { Tensor::from_ptr(*inputs.add(i)) })
             .collect();
-        // SAFETY: `closure` is the `Box<Closure>` leaked in `apply`; the C++ `Segment`
-        // that owns it outlives this call and only drops it through `drop_callback`.
-        let closure = unsafe { &*(closure as *const Closure) };
         let _flag = RecomputeFlag::enter(recompute != 0);
-        let result = catch_unwind(AssertUnwindSafe(|| (closure.run)(tensors)));
-        (closure.name.as_str(), result)
+        match catch_unwind(AssertUnwindSafe(|| (closure.run)(tensors))) {
+            Ok((outputs, skeleton)) => {
+                for t in &outputs {
+                    // SAFETY: `sink` is the live C++ `Sink` of this call; it copies the
+                    // tensor handle (a refcount increment), so `outputs` may be dropped.
+                    unsafe { ckpt_sink_push(sink, t.as_ptr() as *mut C_tensor) };
+                }
+                drop(outputs);
+                if fwd_ctx.is_null() {
+                    drop(skeleton);
+                } else {
+                    // SAFETY: during forward `fwd_ctx` is the `ForwardSlot` on `apply`'s
+                    // stack.
+                    unsafe { (*(fwd_ctx as *mut ForwardSlot)).skeleton = Some(skeleton) };
+                }
+                Ok(())
+            }
+            Err(payload) => {
+                let message = panic_message(payload.as_ref());
+                // The payload's own `Drop` could panic too; it is leaked instead (this
+                // happens only on a panic, and the payload is small).
+                std::mem::forget(payload);
+                Err(message)
+            }
+        }
     }));
-    let (name, result) = match outcome {
-        Ok(v) => v,
-        Err(_) => {
-            let msg = "ckpt: internal error while preparing a checkpointed closure";
-            // SAFETY: `sink` is the live C++ `Sink` of this call.
-            unsafe { ckpt_sink_error(sink, msg.as_ptr(), msg.len()) };
-            return 1;
+    let message = match outcome {
+        Ok(Ok(())) => return 0,
+        Ok(Err(message)) => message,
+        Err(payload) => {
+            std::mem::forget(payload);
+            "dropping a value at the end of the segment panicked".to_owned()
         }
     };
-    match result {
-        Ok((outputs, skeleton)) => {
-            for t in &outputs {
-                // SAFETY: `sink` is the live C++ `Sink` of this call; it copies the tensor
-                // handle (a refcount increment), so `outputs` may be dropped after.
-                unsafe { ckpt_sink_push(sink, t.as_ptr() as *mut C_tensor) };
-            }
-            if !fwd_ctx.is_null() {
-                // SAFETY: during forward `fwd_ctx` is the `ForwardSlot` on `apply`'s stack.
-                unsafe { (*(fwd_ctx as *mut ForwardSlot)).skeleton = Some(skeleton) };
-            }
-            0
-        }
-        Err(payload) => {
-            let message = panic_message(payload.as_ref());
-            let err = crate::CkptError::ClosurePanicked {
-                segment: name.to_owned(),
-                recompute: recompute != 0,
-                message: message.clone(),
-            }
-            .to_string();
-            if !fwd_ctx.is_null() {
-                // SAFETY: as above.
-                unsafe { (*(fwd_ctx as *mut ForwardSlot)).panic = Some(message) };
-            }
-            // SAFETY: `sink` is the live C++ `Sink` of this call.
-            unsafe { ckpt_sink_error(sink, err.as_ptr(), err.len()) };
-            1
-        }
+    let err = crate::CkptError::ClosurePanicked {
+        segment: closure.name.clone(),
+        recompute: recompute != 0,
+        message: message.clone(),
     }
+    .to_string();
+    if !fwd_ctx.is_null() {
+        // SAFETY: as above.
+        unsafe { (*(fwd_ctx as *mut ForwardSlot)).panic = Some(message) };
+    }
+    // SAFETY: `sink` is the live C++ `Sink` of this call.
+    unsafe { ckpt_sink_error(sink, err.as_ptr(), err.len()) };
+    1
 }
 
 extern "C" fn drop_callback(closure: *mut c_void) {

@@ -13,10 +13,13 @@ use crate::{CkptError, ShallowClone};
 /// `β(s, r) = C(s + r, s)`: the longest chain that `s` stashes and `r` recomputes of
 /// each stage can reverse (saturating at `usize::MAX`).
 pub fn binomial_capacity(snapshots: usize, repetitions: usize) -> usize {
-    // C(s + r, s) = prod_{i=1..s} (r + i) / i, exact at every step.
+    // C(s + r, s) = C(s + r, k) with k = min(s, r) = prod_{i=1..k} (s + r - k + i) / i,
+    // exact at every step; at most min(s, r) iterations, whatever the other argument.
+    let k = snapshots.min(repetitions) as u128;
+    let base = (snapshots.max(repetitions)) as u128;
     let mut c: u128 = 1;
-    for i in 1..=snapshots as u128 {
-        c = c * (repetitions as u128 + i) / i;
+    for i in 1..=k {
+        c = c * (base + i) / i;
         if c >= usize::MAX as u128 {
             return usize::MAX;
         }
@@ -98,7 +101,7 @@ where
     check(modules.len(), snapshots)?;
     run(
         modules,
-        snapshots,
+        snapshots.min(modules.len()),
         0,
         input.shallow_clone(),
         |m: &M, xs: &Tensor| m.forward(xs),
@@ -140,7 +143,7 @@ where
     check(modules.len(), snapshots)?;
     run(
         modules,
-        snapshots,
+        snapshots.min(modules.len()),
         0,
         input.shallow_clone(),
         move |m: &M, xs: &Tensor| m.forward_t(xs, train),
@@ -198,6 +201,11 @@ mod tests {
     #[test]
     fn capacities_are_binomial_coefficients() {
         assert_eq!(binomial_capacity(3, 6), 84);
+        assert_eq!(binomial_capacity(6, 3), 84);
+        // Huge arguments cost min(s, r) steps: no hang.
+        assert_eq!(binomial_capacity(usize::MAX, 1), usize::MAX);
+        assert_eq!(binomial_capacity(1_000_000_000, 2), 500_000_001_500_000_001);
+        assert_eq!(binomial_repetitions(4, usize::MAX), Some(1));
         assert_eq!(binomial_capacity(3, 5), 56);
         assert_eq!(binomial_capacity(0, 9), 1);
         assert_eq!(binomial_capacity(5, 0), 1);
