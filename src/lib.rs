@@ -84,11 +84,16 @@ pub use ckpt_runtime::*;
 ///   `String`, `Kind`, `Device`, [`Carry`]. A reference or another type is a compile
 ///   error on the binding, with a fix.
 /// - **outputs** are the bindings it defines that are used later; they leave through
-///   [`Stash`] too and are rebound after the segment (with their `mut`).
+///   [`Stash`] too and are rebound after the segment (with their `mut`). An earlier `mut`
+///   binding that the segment uses and later code reads is an input *and* an output, so
+///   a change made inside (`v.sort()`, `f(&mut n)`) is seen after the segment, as
+///   without the attribute (the recompute starts again from the stashed value).
 /// - **parameters** `&Tensor`, `&Option<..>`, `&Vec<..>`, `&[T]`, `&str`, tuples,
 ///   arrays and numbers by reference enter the stash as shallow clones (or an owned
 ///   `Vec`/`String`) and are rebound as references inside, so the code types as written.
-///   Any other `&T` parameter is module state: captured like `self`.
+///   Any other `&T` parameter is module state: captured like `self`. The macro reads
+///   the type as written, so a tensor behind a type alias (`type T = Tensor; xs: &T`)
+///   would be taken for module state: write `&Tensor`.
 /// - **`self`** (and module parameters) are captured by one [`ShallowClone`] per call,
 ///   wrapped in a [`Shared`] whose `Arc` each segment clones: the type needs
 ///   `ShallowClone + Send + 'static` (`#[derive(ckpt::ShallowClone)]`). Inside segments
@@ -99,7 +104,9 @@ pub use ckpt_runtime::*;
 /// Generic values crossing a cut need `T: Stash` (which implies `'static`); a trait's
 /// default method needs `where Self: ShallowClone + Send + Sized + 'static`. A macro that
 /// defines a `let` binding for the caller (unhygienic `macro_rules!`) is not seen; write
-/// such bindings as `let`.
+/// such bindings as `let`. Items in the body (`use`, `fn`, `const`) are moved before the
+/// segments; `macro_rules!` is a compile error there (its local names would then refer
+/// to other bindings): define it outside the function.
 ///
 /// # `?` and other control flow
 ///

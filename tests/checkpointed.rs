@@ -646,3 +646,40 @@ fn the_model_may_be_dropped_before_backward() {
     }
     assert!(xs.grad().defined());
 }
+
+/// An outer `mut` binding that a segment changes in a way the syntax does not show
+/// (`reverse`, `sort_by`, `iter_mut`, `f(&mut n)`, an operator trait method) and that later
+/// code reads: the change is visible after the segment, as without the attribute.
+#[checkpointed]
+fn mutates_outer_bindings(xs: &Tensor) -> (Tensor, Vec<i64>, f64) {
+    let mut order = vec![1i64, 2, 3];
+    let mut n = 1.0f64;
+    let mut hs = vec![xs.shallow_clone(), xs.sin()];
+    ckpt::cut!();
+    order.reverse();
+    bump(&mut n);
+    hs.iter_mut().for_each(|h| *h = h.cos());
+    std::ops::AddAssign::add_assign(&mut n, 4.0);
+    order.sort_by(|a, b| b.cmp(a));
+    ckpt::cut!();
+    let ys = Tensor::stack(&hs, 0).sum(Kind::Float) * n;
+    (ys, order, n)
+}
+
+fn bump(n: &mut f64) {
+    *n *= 10.0;
+}
+
+#[test]
+fn changes_to_outer_mut_bindings_survive_the_cut() {
+    let x = Tensor::randn([4], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let (y, order, n) = mutates_outer_bindings(&x);
+    assert_eq!(order, vec![3, 2, 1]);
+    assert_eq!(n, 14.0);
+    let want = (x.cos() + x.sin().cos()).sum(Kind::Float) * 14.0;
+    assert!(y.allclose(&want, 1e-6, 1e-6, false), "{y:?} vs {want:?}");
+    y.backward();
+    let g = x.grad();
+    let want_g = (-(x.sin()) - x.sin().sin() * x.cos()) * 14.0;
+    assert!(g.allclose(&want_g.detach(), 1e-5, 1e-5, false));
+}

@@ -359,3 +359,25 @@ fn impossible_budget_panics_with_the_smallest_feasible_one() {
     let y = tch::no_grad(|| net.impossible(&x));
     assert!(y.equal(&net.plain(&x)));
 }
+
+/// `segments = auto` runs statements as stages: an outer `mut` binding changed by a
+/// statement through a method (`reverse`) is that statement's output too, so the next
+/// statement sees the change, with grad and under `no_grad`.
+#[checkpointed(segments = auto)]
+fn reversed_rows(xs: &Tensor) -> Tensor {
+    let mut order: Vec<i64> = vec![0, 1, 2];
+    order.reverse();
+    xs.index_select(0, &Tensor::from_slice(&order))
+        .sum_dim_intlist(1, false, Kind::Float)
+}
+
+#[test]
+fn auto_statements_keep_changes_to_mut_bindings() {
+    let _g = serial(); // profiling resets the memory meter's peak
+    let xs = Tensor::from_slice(&[1.0f32, 2.0, 3.0])
+        .view([3, 1])
+        .set_requires_grad(true);
+    let want = Tensor::from_slice(&[3.0f32, 2.0, 1.0]);
+    assert!(tch::no_grad(|| reversed_rows(&xs)).equal(&want));
+    assert!(reversed_rows(&xs).equal(&want));
+}

@@ -122,6 +122,14 @@ pub(crate) fn analyze<'a>(
     let mut cuts: Vec<(usize, Span)> = Vec::new();
     for stmt in &func.block.stmts {
         match stmt {
+            // A `macro_rules!` resolves the local names in its body where it is defined;
+            // hoisted above the segments it would see earlier bindings of those names.
+            Stmt::Item(syn::Item::Macro(m)) if m.mac.path.is_ident("macro_rules") => {
+                cx.error_spanned_by(
+                    &m.mac.path,
+                    "`macro_rules!` in the body of a `#[checkpointed]` function: items are moved before the segments, and a macro's local names would then refer to other bindings; define the macro outside the function",
+                );
+            }
             Stmt::Item(_) => items.push(stmt),
             _ if parse::as_cut_marker(stmt).is_some() => {
                 let mac = parse::as_cut_marker(stmt).expect("checked");
@@ -170,6 +178,18 @@ pub(crate) fn analyze<'a>(
                 ),
             );
         }
+        if let (true, Some(q)) = (checkpointed, walk.fallible)
+            && !auto
+            && returns_option(&func.sig)
+        {
+            cx.error_at(
+                q,
+                format!(
+                    "`?` on an `Option` in checkpointed segment {} of {count} of `{fn_name}`: a segment returns early with an error, which `Option` cannot carry; use `Result` (`.ok_or(..)?`), or move the `?` after the last cut (the last segment runs inline)",
+                    g + 1
+                ),
+            );
+        }
         bound_before.push(bound.clone());
         for b in &mut walk.defs {
             b.id = next_id;
@@ -195,8 +215,12 @@ pub(crate) fn analyze<'a>(
         let live_out = &live_in[g + 1];
         let checkpointed = g + 1 < count;
         // Outer bindings (not parameters taken by reference) that the group assigns or
-        // mutates are moved in and rebound after it, like a redefinition.
-        let mutated: Vec<Binding> = walk
+        // mutates are moved in and rebound after it, like a redefinition. So is every
+        // outer `mut` binding the group uses and later code reads: a `mut` binding can be
+        // changed in ways the syntax does not show (`v.sort()`, `f(&mut n)`, a macro), and
+        // a copy passed in would leave the change behind. (The segment gets its input
+        // from the stash on recompute, so changing it inside is not a side effect.)
+        let mut mutated: Vec<Binding> = walk
             .mutated
             .iter()
             .filter_map(|name| match bound_before[g].get(name) {
@@ -204,6 +228,15 @@ pub(crate) fn analyze<'a>(
                 _ => None,
             })
             .collect();
+        for (name, _) in &walk.uses {
+            if let Some((b, None | Some(ParamKind::Owned))) = bound_before[g].get(name)
+                && b.mutable
+                && live_out.contains(name)
+                && !mutated.iter().any(|m| m.id == b.id)
+            {
+                mutated.push(b.clone());
+            }
+        }
         let mut defined: HashSet<String> = walk.defs.iter().map(|b| b.ident.to_string()).collect();
         defined.extend(mutated.iter().map(|b| b.ident.to_string()));
         let mut group = Group {
@@ -1091,6 +1124,17 @@ impl<'ast> Visit<'ast> for Walker<'_> {
                 self.scan_flags(mac, mac.tokens.clone());
             }
         }
+    }
+}
+
+/// Whether the function is written to return `Option<..>` (syntactically).
+fn returns_option(sig: &syn::Signature) -> bool {
+    match &sig.output {
+        syn::ReturnType::Type(_, ty) => matches!(
+            &**ty,
+            syn::Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "Option")
+        ),
+        syn::ReturnType::Default => false,
     }
 }
 
