@@ -194,8 +194,10 @@ pub use ckpt_runtime::*;
 /// budget = ..` says the same). The budget string is checked at compile time.
 ///
 /// - **When.** The first call with grad enabled for an input profiles the stages (each
-///   runs once more forward and backward, on detached copies, one at a time; random ops
-///   draw from the generators as any extra forward would), plans, and caches the plan in
+///   runs twice more forward — a no-grad warm-up and a measured run — and once
+///   backward, on detached copies, one at a time; the random generators' states are
+///   saved and restored around it, but other state a statement changes, such as batch
+///   norm's running statistics, is changed by those runs too), plans, and caches the plan in
 ///   the function's own `static`; every later call with that input runs the cached plan.
 ///   The input is the shapes, dtypes and devices of the tensors in the arguments that
 ///   the stages use, and the values of those arguments whose type implements `Hash`
@@ -479,8 +481,11 @@ pub use ckpt_macros::ShallowClone;
 /// `"0.4"`: of the plain run's predicted peak) for the least recompute time within the
 /// budget. On the first training call for each input (size, dtype, device, train flag)
 /// the model profiles its own stages ([`plan::profile_chain`] over its stage function:
-/// each stage runs once more, forward and backward, on a detached copy of its input),
-/// plans, and caches the plan; later calls run it. Without grad nothing is planned and
+/// each stage runs twice more forward — a no-grad warm-up and a measured run — and once
+/// backward, on a detached copy of its input), plans, and caches the plan; later calls
+/// run it. The profile keeps the random streams as they were, but a stage with running
+/// state (batch norm in train mode) updates it in those runs too: call `plan_for` once
+/// before training (or use a fixed `segments`) where that matters. Without grad nothing is planned and
 /// the chain runs plainly. The budget string is checked at compile time.
 ///
 /// Every checkpointed model also has public methods (with the struct's visibility) to

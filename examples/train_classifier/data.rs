@@ -167,7 +167,7 @@ pub fn text_task(
         name: "text",
         description: format!(
             "{}: {} classes ({}), {} train / {} test documents on disk, vocabulary {} \
-             (min frequency {}, max size {})",
+             (min frequency {}, max size {}){}",
             dir.display(),
             corpus.classes.len(),
             corpus.classes.join(", "),
@@ -175,7 +175,15 @@ pub fn text_task(
             corpus.test.len(),
             vocab.len(),
             vocab_cfg.min_freq,
-            vocab_cfg.max_size
+            vocab_cfg.max_size,
+            if corpus.skipped.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; skipped train/{} (no such class in test/)",
+                    corpus.skipped.join(", train/")
+                )
+            }
         ),
         vocab_size: vocab.len(),
         classes: corpus.classes,

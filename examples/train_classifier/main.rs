@@ -411,7 +411,12 @@ fn main() -> Result<()> {
     } else {
         let plain = ("plain".to_owned(), Strategy::Plain);
         let ckpt = match args.segments {
-            SegmentsArg::Count(n) => ("checkpointed".to_owned(), Strategy::Checkpointed(n)),
+            // More segments than blocks means one block a segment (as
+            // `ckpt::sequential_segments` clamps); the table shows the count used.
+            SegmentsArg::Count(n) => (
+                "checkpointed".to_owned(),
+                Strategy::Checkpointed(n.min(args.layers)),
+            ),
             // The planner's cuts; the table's segments column shows `-`.
             SegmentsArg::Auto => ("checkpointed-auto".to_owned(), Strategy::Auto),
         };

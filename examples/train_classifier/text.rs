@@ -120,6 +120,8 @@ pub struct Corpus {
     pub train: Vec<Document>,
     /// Test documents, likewise.
     pub test: Vec<Document>,
+    /// Training folders skipped because `test/` has no such class (`unsup` in aclImdb).
+    pub skipped: Vec<String>,
 }
 
 /// Sub-folder names of `dir`, sorted.
@@ -203,6 +205,11 @@ pub fn load_corpus(dir: &Path) -> Result<Corpus> {
             train_dir.join(extra).display()
         );
     }
+    let skipped = train_classes
+        .iter()
+        .filter(|c| !test_classes.contains(c))
+        .cloned()
+        .collect();
     let classes = test_classes;
     ensure!(
         classes.len() >= 2,
@@ -218,6 +225,7 @@ pub fn load_corpus(dir: &Path) -> Result<Corpus> {
         classes,
         train,
         test,
+        skipped,
     })
 }
 
@@ -285,6 +293,7 @@ mod tests {
         write(&d.join("test/neg/0_1.txt"), "awful");
         let c = load_corpus(d).unwrap();
         assert_eq!(c.classes, ["neg", "pos"]);
+        assert_eq!(c.skipped, ["unsup"], "the unlabelled folder is skipped, and said so");
         assert_eq!(c.train.len(), 3);
         assert_eq!(c.train[0].tokens, ["boring"]);
         assert_eq!(c.train[0].label, 0);

@@ -1072,8 +1072,9 @@ fn schedule_methods(model: &Model, rt: &Generics) -> TokenStream {
          `segments = auto` and `budget` schedules it is the planner's plan, cached per input \
          shape, dtype, device and train flag, which the next `{method}` uses; for fixed \
          schedules, their cuts evaluated on the profile. Profiles the stages on first sight \
-         of the input (one extra forward and backward of each stage; the random generators' \
-         states are saved and restored around it, so seeded runs stay reproducible)."
+         of the input (two extra forwards and one backward of each stage; the random \
+         generators' states are saved and restored around it, so seeded runs stay \
+         reproducible, but running statistics such as batch norm's are updated by it)."
     );
     quote! {
         #[allow(dead_code)]
