@@ -1,9 +1,9 @@
-//! `segments = auto` against every hand-chosen `segments`, on the seed's transformer
+//! `segments = auto` against every hand-chosen `segments`, on a 6-layer transformer
 //! encoder (`examples/encoder.rs`: 6 pre-LN blocks, 4 heads, d_model 256, feed-forward
 //! 1024; here with 256 tokens, batch 16).
 //!
 //! ```text
-//! cargo run --release --example plan_encoder                  # the seed's shapes (~2 min on 2 cores)
+//! cargo run --release --example plan_encoder                  # 6 layers, seq 256, batch 16 (~2 min on 2 cores)
 //! cargo run --release --example plan_encoder -- --quick       # d_model 64, seq 64: seconds
 //! cargo run --release --example plan_encoder -- --budget 50% --json target/plan_encoder.json
 //! ```

@@ -42,7 +42,7 @@ if [ ! -f "$venv/.ckpt-complete" ]; then
             say "installing PyTorch $TORCH_VERSION (libtorch) into $venv (one time, about 5 GB)"
             [ -x "$venv/bin/python" ] || python3 -m venv "$venv" \
                 || die "python3 -m venv failed (on Debian/Ubuntu: apt install python3-venv)"
-            "$venv/bin/python" -m pip install --disable-pip-version-check --quiet "torch==$TORCH_VERSION" \
+            "$venv/bin/python" -m pip install --disable-pip-version-check "torch==$TORCH_VERSION" \
                 || die "pip install torch==$TORCH_VERSION failed"
             [ -f "$(torch_dir)/lib/libtorch_cpu.so" ] || die "the wheel has no lib/libtorch_cpu.so"
             touch "$venv/.ckpt-complete"

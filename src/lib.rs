@@ -52,10 +52,17 @@ pub use ckpt_runtime::*;
 ///
 /// # Arguments
 ///
-/// - `segments = N` (`N >= 2`, at most the number of statements): the body's statements
-///   are split into `N` groups balanced by statement count. Items (`use`, nested `fn`) do
-///   not count; they are hoisted. **The last group is not checkpointed**: it runs inline,
-///   since its activations are needed at once (as PyTorch's `checkpoint_sequential`).
+/// - `segments = N` (`N >= 2`, at most the number of statements): the body's `n`
+///   top-level statements are split into `N` groups balanced by statement count, group
+///   `k` holding statements `k·n/N .. (k+1)·n/N` (integer division: 4 statements and
+///   `segments = 3` give groups of 1, 1 and 2). Items (`use`, nested `fn`) do not count;
+///   they are hoisted. **The last group is not checkpointed**: it runs inline, since its
+///   activations are needed at once (as PyTorch's `checkpoint_sequential`).
+///
+///   A statement is the unit: a `for` loop over layers is *one* statement, so it is
+///   checkpointed (or not) as a whole. To checkpoint a stack of layers block by block,
+///   write the blocks as statements, declare the model with [`model!`] (`blocks: [Block;
+///   n]` counts each block as a stage), or use [`checkpoint_sequential`].
 /// - Or explicit cuts: no `segments`, and [`cut!`]`();` statements between the body's
 ///   statements. Each marker ends a segment; what follows the last marker runs inline.
 ///   Markers must be statements of the body itself (not nested in a block), with a
@@ -122,7 +129,7 @@ pub use ckpt_runtime::*;
 /// early returns belong there — put a [`cut!`]`();` before them, or choose `segments` so
 /// they land in the last group.
 ///
-/// # Side-effect rules (DESIGN.md decision 9)
+/// # Side-effect rules
 ///
 /// A checkpointed segment runs twice (forward, then recompute in backward), so it must
 /// not change anything it did not create. The macro rejects, each with a span on the
@@ -216,8 +223,7 @@ pub use ckpt_runtime::*;
 ///   (a value that is also needed after it stays outside, shallow-cloned), its outputs
 ///   the slots it defines that are needed after it. Types flow through zero-sized
 ///   witnesses returned by each statement's closure, so the compiler infers every value's
-///   type from the statement that made it: the macro still needs no types. The design is
-///   in the runtime's `plan::statements` module.
+///   type from the statement that made it: the macro still needs no types.
 /// - **What it asks of the code.** Every value that a later statement uses must be
 ///   [`Stash`] (a compile error on its binding otherwise, as for `segments = N`), since
 ///   any statement boundary may become a cut. The side-effect rules apply to every

@@ -390,11 +390,11 @@ fn recompute_replays_the_autocast_state() {
 /// region, whose end clears libtorch's cast cache).
 #[test]
 fn autocast_casts_do_not_outlive_the_recompute() {
+    // Drawn once: the global generator is shared with the other tests of this binary.
+    let w0 = Tensor::randn([16, 16], (Kind::Float, Device::Cpu));
+    let x = Tensor::randn([8, 16], (Kind::Float, Device::Cpu));
     let train = |checkpointed: bool| -> Vec<f64> {
-        tch::manual_seed(15);
-        let vs = nn::VarStore::new(Device::Cpu);
-        let w = vs.root().randn("w", &[16, 16], 0.0, 1.0);
-        let x = Tensor::randn([8, 16], (Kind::Float, Device::Cpu));
+        let w = w0.copy().set_requires_grad(true);
         (0..3)
             .map(|_| {
                 let y = ckpt::amp::autocast(Device::Cpu, Kind::BFloat16, || {

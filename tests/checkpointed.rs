@@ -683,3 +683,30 @@ fn changes_to_outer_mut_bindings_survive_the_cut() {
     let want_g = (-(x.sin()) - x.sin().sin() * x.cos()) * 14.0;
     assert!(g.allclose(&want_g.detach(), 1e-5, 1e-5, false));
 }
+
+/// A checkpointed segment whose statement defines nothing (logging once, in forward):
+/// the expansion leaves no `()` behind, which `cargo clippy -- -D warnings` over this
+/// file would report as `unused_unit` on the attribute.
+#[checkpointed(segments = 3)]
+fn logs_once(xs: &Tensor, seen: &std::sync::Arc<std::sync::atomic::AtomicUsize>) -> Tensor {
+    #[ckpt::allow(mutation)]
+    if !ckpt::is_recomputing() {
+        seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    let ys = xs.tanh();
+    ys.sum(Kind::Float)
+}
+
+#[test]
+fn a_segment_without_outputs() {
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let xs = Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    logs_once(&xs, &seen).backward();
+    assert_eq!(
+        seen.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "logged in forward only"
+    );
+    let want = (xs.tanh().square() * -1.0 + 1.0).detach();
+    assert!(xs.grad().allclose(&want, 1e-6, 1e-6, false));
+}

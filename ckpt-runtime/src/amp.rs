@@ -37,9 +37,10 @@ impl Drop for Restore {
 /// The previous state is restored when `f` returns or panics.
 ///
 /// ```no_run
+/// # extern crate ckpt_runtime as ckpt;
 /// use tch::{Device, Kind, Tensor};
 /// let a = Tensor::randn([4, 4], (Kind::Float, Device::Cpu));
-/// let b = ckpt_runtime::amp::autocast(Device::Cpu, Kind::BFloat16, || a.matmul(&a));
+/// let b = ckpt::amp::autocast(Device::Cpu, Kind::BFloat16, || a.matmul(&a));
 /// assert_eq!(b.kind(), Kind::BFloat16);
 /// ```
 ///

@@ -13,7 +13,8 @@ use crate::{CkptError, Stash};
 /// (`torch.utils.checkpoint.checkpoint`).
 ///
 /// ```no_run
-/// use ckpt_runtime::{CheckpointOptions, checkpoint_with};
+/// # extern crate ckpt_runtime as ckpt;
+/// use ckpt::{CheckpointOptions, checkpoint_with};
 /// # let xs = tch::Tensor::zeros([2, 3], (tch::Kind::Float, tch::Device::Cpu));
 /// let opts = CheckpointOptions::new().name("attention").preserve_rng_state(false);
 /// let ys = checkpoint_with(&opts, |x: tch::Tensor| x.relu(), xs);

@@ -114,14 +114,30 @@ impl Drop for RecomputeFlag {
     }
 }
 
+/// The message of a panic payload, without the C++ backtrace that libtorch appends to
+/// its errors (tch's panics carry it: `Exception raised from .. (most recent call
+/// first): frame #0 ..`), which would otherwise be repeated in every error naming the
+/// segment.
 pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
+    let message = if let Some(s) = payload.downcast_ref::<&str>() {
+        *s
     } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
+        s.as_str()
     } else {
-        "panic payload is not a string".to_owned()
-    }
+        return "panic payload is not a string".to_owned();
+    };
+    let Some(i) = message.find("Exception raised from") else {
+        return message.to_owned();
+    };
+    // The newline before it is real, or `\n` inside a Debug rendering (`unwrap()` on
+    // tch's `Err(Torch("…"))`), which then also loses its closing `")`.
+    let head = message[..i].trim_end().trim_end_matches("\\n").trim_end();
+    let close = if head.contains("(\"") && !head.ends_with("\")") {
+        "\")"
+    } else {
+        ""
+    };
+    format!("{head}{close}")
 }
 
 extern "C" fn run_callback(

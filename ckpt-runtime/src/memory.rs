@@ -135,8 +135,9 @@ pub fn f_reset_peak(device: Device) -> Result<(), CkptError> {
 /// `f` (they are, for eager tch code).
 ///
 /// ```
+/// # extern crate ckpt_runtime as ckpt;
 /// use tch::{Device, Kind, Tensor};
-/// let (_, report) = ckpt_runtime::memory::measure(Device::Cpu, || {
+/// let (_, report) = ckpt::memory::measure(Device::Cpu, || {
 ///     let a = Tensor::zeros([1024], (Kind::Float, Device::Cpu)); // 4096 bytes
 ///     let b = a.exp();                                           // 4096 more
 ///     drop(a);

@@ -22,7 +22,8 @@ use crate::{CkptError, ShallowClone};
 /// [`CkptError::InvalidArgument`] when `segments` is 0.
 ///
 /// ```
-/// # use ckpt_runtime::sequential_segments;
+/// # extern crate ckpt_runtime as ckpt;
+/// # use ckpt::sequential_segments;
 /// assert_eq!(sequential_segments(6, 3).unwrap(), vec![0..2, 2..4, 4..6]);
 /// assert_eq!(sequential_segments(7, 3).unwrap(), vec![0..2, 2..4, 4..7]);
 /// assert_eq!(sequential_segments(2, 5).unwrap(), vec![0..1, 1..2]);

@@ -144,9 +144,10 @@ tuples! {
 /// [`Shared::lock`].
 ///
 /// ```
+/// # extern crate ckpt_runtime as ckpt;
 /// # use tch::nn;
 /// let vs = nn::VarStore::new(tch::Device::Cpu);
-/// let lstm = ckpt_runtime::Shared::new(nn::lstm(vs.root() / "lstm", 8, 16, Default::default()));
+/// let lstm = ckpt::Shared::new(nn::lstm(vs.root() / "lstm", 8, 16, Default::default()));
 /// let state = { use tch::nn::RNN; lstm.lock().zero_state(4) };
 /// # let _ = state;
 /// ```

@@ -95,7 +95,8 @@ carried!(
 /// [`Stash`]'s own implementations.
 ///
 /// ```
-/// # use ckpt_runtime::{Carry, Stash};
+/// # extern crate ckpt_runtime as ckpt;
+/// # use ckpt::{Carry, Stash};
 /// #[derive(Clone)]
 /// struct Mask { causal: bool }
 /// fn takes<T: Stash>(_: T) {}

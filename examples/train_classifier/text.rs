@@ -293,7 +293,11 @@ mod tests {
         write(&d.join("test/neg/0_1.txt"), "awful");
         let c = load_corpus(d).unwrap();
         assert_eq!(c.classes, ["neg", "pos"]);
-        assert_eq!(c.skipped, ["unsup"], "the unlabelled folder is skipped, and said so");
+        assert_eq!(
+            c.skipped,
+            ["unsup"],
+            "the unlabelled folder is skipped, and said so"
+        );
         assert_eq!(c.train.len(), 3);
         assert_eq!(c.train[0].tokens, ["boring"]);
         assert_eq!(c.train[0].label, 0);

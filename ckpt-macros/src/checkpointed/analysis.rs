@@ -1,6 +1,6 @@
 //! Analysis: grouping the body's statements into segments, liveness of bindings across
 //! each cut (shadowing-aware, scope-aware), and the side-effect rules of a checkpointed
-//! segment (DESIGN.md decision 9).
+//! segment.
 //!
 //! The macro has no type information. A *binding* is a name introduced by a parameter or
 //! a top-level `let` of the body; a *use* is a single-identifier path expression that is
@@ -372,12 +372,16 @@ fn make_groups(
     match (args.segments, cuts) {
         (Some((segments, span)), _) => {
             if segments > n {
+                let fix = if n >= 2 {
+                    format!("use `segments = {n}` or fewer")
+                } else {
+                    "a function needs at least 2 statements to cut (one checkpointed, and the last, which runs inline); write the body as several `let` statements, or leave out the attribute".to_owned()
+                };
                 cx.error_at(
                     span,
                     format!(
-                        "`segments = {segments}` but the body has {n} statement{} to cut (items and cut markers do not count); use `segments = {}` or fewer",
+                        "`segments = {segments}` but the body has {n} statement{} to cut (items and cut markers do not count); {fix}",
                         if n == 1 { "" } else { "s" },
-                        n.max(2)
                     ),
                 );
                 return None;

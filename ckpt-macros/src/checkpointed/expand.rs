@@ -314,7 +314,18 @@ fn segment(
         .collect();
     let out_pats: Vec<TokenStream> = group.outputs.iter().map(binding_pat).collect();
     let has_outputs = !out_exprs.is_empty();
-    let out_value = nest(out_exprs);
+    // Without outputs the closure returns `()` by its last statement; a `()` written
+    // after it would be clippy's `unused_unit` in the user's code.
+    let out_value = if has_outputs {
+        nest(out_exprs)
+    } else {
+        TokenStream::new()
+    };
+    let ok_value = if has_outputs {
+        out_value.clone()
+    } else {
+        quote!(())
+    };
     let body_stmts = stmts.iter().map(|s| emit_stmt(s, true));
 
     let call = match group.fallible {
@@ -337,7 +348,7 @@ fn segment(
                     #(#locks)*
                     #(#rebinds)*
                     #(#body_stmts)*
-                    ::core::result::Result::Ok(#out_value)
+                    ::core::result::Result::Ok(#ok_value)
                 }, #input_value) {
                     ::core::result::Result::Ok(#out) => #out,
                     ::core::result::Result::Err(#err) => #exit,

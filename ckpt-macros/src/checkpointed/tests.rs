@@ -260,7 +260,7 @@ fn shadowing_and_scopes_decide_what_crosses() {
     assert!(out.contains("let (a,) ="), "{out}");
 }
 
-/// Expansion time of a 200-statement function (DESIGN issue 3's benchmark). Run with
+/// Expansion time of a 200-statement function (the benchmark issue 3 asks for). Run with
 /// `cargo test -p ckpt-macros --release -- --ignored --nocapture expansion_time`.
 #[test]
 #[ignore = "a timing printer, not a check"]

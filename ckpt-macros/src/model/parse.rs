@@ -35,7 +35,12 @@ pub(crate) fn parse_model(tokens: TokenStream, cx: &mut Ctxt) -> syn::Result<Mod
                 seen_checkpointed = true;
                 checkpoint = attr::parse_checkpointed(&a, cx);
             } else {
-                attrs.push(a);
+                if a.path().is_ident("derive") {
+                    // Without the derives `model!` generates itself (reported).
+                    attrs.extend(check_derive(&a, cx));
+                } else {
+                    attrs.push(a);
+                }
             }
         }
         let vis: Visibility = input.parse()?;
@@ -530,4 +535,32 @@ fn parse_field(
         train: attrs.train,
         apply,
     })))
+}
+
+/// `model!` implements `Debug` and `ShallowClone` itself: deriving them as well would be
+/// a conflict that rustc reports without saying why. Each is an error here, on the
+/// derive, and the attribute is returned without them (none when nothing is left), so
+/// no conflict follows.
+fn check_derive(attr: &Attribute, cx: &mut Ctxt) -> Option<Attribute> {
+    let Ok(paths) =
+        attr.parse_args_with(syn::punctuated::Punctuated::<syn::Path, Token![,]>::parse_terminated)
+    else {
+        return Some(attr.clone());
+    };
+    let mut kept = Vec::new();
+    for path in paths {
+        match path.segments.last() {
+            Some(last) if last.ident == "Debug" || last.ident == "ShallowClone" => {
+                cx.error_spanned_by(
+                    &path,
+                    format!(
+                        "`model!` implements `{}` itself; remove it from `#[derive(..)]`",
+                        last.ident
+                    ),
+                );
+            }
+            _ => kept.push(path),
+        }
+    }
+    (!kept.is_empty()).then(|| syn::parse_quote!(#[derive(#(#kept),*)]))
 }

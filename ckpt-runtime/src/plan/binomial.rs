@@ -33,7 +33,8 @@ pub fn binomial_capacity(snapshots: usize, repetitions: usize) -> usize {
 /// plainly).
 ///
 /// ```
-/// use ckpt_runtime::plan::binomial_repetitions;
+/// # extern crate ckpt_runtime as ckpt;
+/// use ckpt::plan::binomial_repetitions;
 /// assert_eq!(binomial_repetitions(64, 3), Some(6)); // C(9, 3) = 84 >= 64 > C(8, 3) = 56
 /// assert_eq!(binomial_repetitions(64, 63), Some(1));
 /// assert_eq!(binomial_repetitions(1, 0), Some(0));

@@ -20,7 +20,8 @@ use crate::CkptError;
 ///   (`"0.4"`) or a percentage in `(0, 100]` (`"40%"`).
 ///
 /// ```
-/// use ckpt_runtime::plan::Budget;
+/// # extern crate ckpt_runtime as ckpt;
+/// use ckpt::plan::Budget;
 /// assert_eq!("512 MiB".parse::<Budget>().unwrap(), Budget::Bytes(512 << 20));
 /// assert_eq!("1.5GiB".parse::<Budget>().unwrap(), Budget::Bytes(3 << 29));
 /// assert_eq!("40%".parse::<Budget>().unwrap(), Budget::FractionOfPlain(0.4));

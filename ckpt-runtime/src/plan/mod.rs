@@ -23,7 +23,7 @@
 //!   (`plan_for`).
 //! - **`#[checkpointed(segments = auto)]` functions**: the statements but the last are
 //!   the stages, run over a type-erased environment of the values live between them
-//!   (the design is in the `statements` module); [`function_plans`] lists their plans.
+//!   (the design is described in the docs of `#[checkpointed]`); [`function_plans`] lists their plans.
 //!
 //! # The schedule
 //!
@@ -31,7 +31,7 @@
 //! A [`Plan`] is a set of cuts `0 < c_1 < … < c_{k-1} < L`; with `c_0 = 0` and `c_k = L`
 //! segment `j` is the stage range `c_j..c_{j+1}`. Every segment but the last is
 //! checkpointed (run without grad in forward, its input `x_{c_j}` stashed, recomputed
-//! with grad in backward); the last runs plainly (DESIGN.md decision 10, PyTorch's
+//! with grad in backward); the last runs plainly (as in PyTorch's
 //! `checkpoint_sequential`). So every stage is recomputed at most once, and the extra time
 //! is the forward time of the stages before the last cut.
 //!
@@ -113,7 +113,7 @@
 //! This is the accounting of Chen, Xu, Zhang and Guestrin, "Training Deep Nets with
 //! Sublinear Memory Cost" (arXiv:1604.06174, 2016), section 3 — memory = the stashed
 //! segment inputs + the largest segment's activations, minimised at about `sqrt(L)`
-//! segments of `sqrt(L)` stages for a uniform chain (the seed explainer, section 4.3) —
+//! segments of `sqrt(L)` stages for a uniform chain (a standard result; Chen et al. section 3) —
 //! made exact per phase and per stage. Chen et al. choose cuts greedily under a budget;
 //! here a dynamic program finds the optimum of this model. For a uniform chain that
 //! optimum is not equal segments: segment `j` is recomputed on top of `j` stashes, so the

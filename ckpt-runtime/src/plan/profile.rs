@@ -395,7 +395,8 @@ impl InputKey {
 /// One planner belongs to one chain of modules: the cache is keyed by the input alone.
 ///
 /// ```no_run
-/// use ckpt_runtime::plan::{Budget, Objective, SequentialPlanner};
+/// # extern crate ckpt_runtime as ckpt;
+/// use ckpt::plan::{Budget, Objective, SequentialPlanner};
 /// # fn f(layers: &[tch::nn::Linear], xs: &tch::Tensor) {
 /// let mut planner = SequentialPlanner::new(Objective::Budget("40%".parse().unwrap()));
 /// let ys = planner.forward(layers, xs); // profiles and plans on the first call

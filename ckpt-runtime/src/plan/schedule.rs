@@ -19,7 +19,8 @@ use crate::CkptError;
 /// at run time. Every segment but the last is checkpointed; the last runs plainly.
 ///
 /// ```
-/// use ckpt_runtime::plan::{Budget, Objective, Schedule};
+/// # extern crate ckpt_runtime as ckpt;
+/// use ckpt::plan::{Budget, Objective, Schedule};
 /// assert_eq!(Schedule::Segments(3).to_string(), "segments = 3");
 /// assert_eq!(Schedule::Cuts(vec![2, 5]).to_string(), "cuts [2, 5]");
 /// assert_eq!(Schedule::Auto(Objective::MinPeak).to_string(), "segments = auto");

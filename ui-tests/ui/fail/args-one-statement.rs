@@ -1,0 +1,9 @@
+use ckpt::checkpointed;
+use tch::Tensor;
+
+#[checkpointed(segments = 2)]
+fn f(xs: &Tensor) -> Tensor {
+    xs.relu()
+}
+
+fn main() {}
