@@ -18,6 +18,19 @@ fn rng() -> MutexGuard<'static, ()> {
     RNG.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A linear layer, ReLU, then dropout with probability `p` (honouring the train flag).
+#[derive(Debug, ckpt::ShallowClone)]
+struct LinearDropout {
+    lin: nn::Linear,
+    p: f64,
+}
+
+impl ModuleT for LinearDropout {
+    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
+        self.lin.forward(xs).relu().dropout(self.p, train)
+    }
+}
+
 /// Dropout inside a segment: with `preserve_rng_state` the recompute draws the same mask.
 #[test]
 fn dropout_inside_a_segment_matches_plain() {
@@ -84,22 +97,13 @@ fn dropout_without_preserved_rng_state_differs() {
 #[test]
 fn module_t_chain_with_dropout() {
     let _rng = rng();
-    #[derive(Debug)]
-    struct Drop(nn::Linear);
-    impl ShallowClone for Drop {
-        fn shallow_clone(&self) -> Self {
-            Drop(self.0.shallow_clone())
-        }
-    }
-    impl ModuleT for Drop {
-        fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
-            self.0.forward(xs).relu().dropout(0.25, train)
-        }
-    }
     let vs = nn::VarStore::new(Device::Cpu);
     tch::manual_seed(20);
-    let blocks: Vec<Drop> = (0..6)
-        .map(|i| Drop(nn::linear(vs.root() / i, 16, 16, Default::default())))
+    let blocks: Vec<LinearDropout> = (0..6)
+        .map(|i| LinearDropout {
+            lin: nn::linear(vs.root() / i, 16, 16, Default::default()),
+            p: 0.25,
+        })
         .collect();
     let x = input(&[8, 16]);
     let ps = params(&vs);
@@ -123,21 +127,12 @@ fn module_t_chain_with_dropout() {
 #[test]
 fn profiling_leaves_the_random_stream_alone() {
     let _rng = rng();
-    #[derive(Debug)]
-    struct Drop(nn::Linear);
-    impl ShallowClone for Drop {
-        fn shallow_clone(&self) -> Self {
-            Drop(self.0.shallow_clone())
-        }
-    }
-    impl ModuleT for Drop {
-        fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
-            self.0.forward(xs).dropout(0.5, train)
-        }
-    }
     let vs = nn::VarStore::new(Device::Cpu);
-    let blocks: Vec<Drop> = (0..4)
-        .map(|i| Drop(nn::linear(vs.root() / i, 8, 8, Default::default())))
+    let blocks: Vec<LinearDropout> = (0..4)
+        .map(|i| LinearDropout {
+            lin: nn::linear(vs.root() / i, 8, 8, Default::default()),
+            p: 0.5,
+        })
         .collect();
     let x = input(&[4, 8]);
     tch::manual_seed(30);

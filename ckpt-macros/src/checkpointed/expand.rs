@@ -126,26 +126,14 @@ pub(crate) fn expand(func: &Function, args: &Args, plan: &Plan<'_>) -> TokenStre
     let items = plan.items.iter().map(|s| emit_stmt(s, false));
 
     let options = mixed("__ckpt_options");
-    let preserve = args
-        .preserve_rng_state
-        .map(|b| quote!(.preserve_rng_state(#b)));
-    let determinism = args
-        .determinism_check
-        .map(|b| quote!(.determinism_check(#b)));
-
     let shared_self = mixed("__ckpt_shared_self");
-    let any_self = plan.groups[..count - 1].iter().any(|g| g.uses_self);
-    let self_capture = match (any_self, plan.self_span) {
-        (true, Some(span)) => {
-            let self_token = Ident::new("self", span);
-            quote_spanned!(span=> let #shared_self = ::ckpt::__private::capture(#self_token);)
-        }
-        _ => TokenStream::new(),
-    };
-    let captures = plan.captures.iter().map(|c| {
-        let shared = capture_ident(c);
-        quote_spanned!(c.span()=> let #shared = ::ckpt::__private::capture(#c);)
-    });
+    let prelude = prelude(
+        args,
+        plan,
+        &plan.groups[..count - 1],
+        &options,
+        &shared_self,
+    );
 
     let segments = plan.groups[..count - 1]
         .iter()
@@ -160,12 +148,44 @@ pub(crate) fn expand(func: &Function, args: &Args, plan: &Plan<'_>) -> TokenStre
         #(#attrs)*
         #vis #sig {
             #(#items)*
-            let #options = ::ckpt::__private::CheckpointOptions::new() #preserve #determinism;
-            #self_capture
-            #(#captures)*
+            #prelude
             #(#segments)*
             #(#inline)*
         }
+    }
+}
+
+/// The statements both expansions start with: the checkpoint options, and one shared
+/// shallow clone per call of `self` and of each module parameter (`capture`) when a
+/// checkpointed `group` uses them.
+fn prelude(
+    args: &Args,
+    plan: &Plan<'_>,
+    groups: &[SegmentGroup],
+    options: &Ident,
+    shared_self: &Ident,
+) -> TokenStream {
+    let preserve = args
+        .preserve_rng_state
+        .map(|b| quote!(.preserve_rng_state(#b)));
+    let determinism = args
+        .determinism_check
+        .map(|b| quote!(.determinism_check(#b)));
+    let self_capture = match (groups.iter().any(|g| g.uses_self), plan.self_span) {
+        (true, Some(span)) => {
+            let self_token = Ident::new("self", span);
+            quote_spanned!(span=> let #shared_self = ::ckpt::__private::capture(#self_token);)
+        }
+        _ => TokenStream::new(),
+    };
+    let captures = plan.captures.iter().map(|c| {
+        let shared = capture_ident(c);
+        quote_spanned!(c.span()=> let #shared = ::ckpt::__private::capture(#c);)
+    });
+    quote! {
+        let #options = ::ckpt::__private::CheckpointOptions::new() #preserve #determinism;
+        #self_capture
+        #(#captures)*
     }
 }
 
@@ -456,26 +476,9 @@ fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objecti
     }
 
     let options = mixed("__ckpt_options");
-    let preserve = args
-        .preserve_rng_state
-        .map(|b| quote!(.preserve_rng_state(#b)));
-    let determinism = args
-        .determinism_check
-        .map(|b| quote!(.determinism_check(#b)));
     let env = mixed("__ckpt_env");
     let shared_self = mixed("__ckpt_shared_self");
-    let any_self = stages.iter().any(|g| g.uses_self);
-    let self_capture = match (any_self, plan.self_span) {
-        (true, Some(span)) => {
-            let self_token = Ident::new("self", span);
-            quote_spanned!(span=> let #shared_self = ::ckpt::__private::capture(#self_token);)
-        }
-        _ => TokenStream::new(),
-    };
-    let captures = plan.captures.iter().map(|c| {
-        let shared = capture_ident(c);
-        quote_spanned!(c.span()=> let #shared = ::ckpt::__private::capture(#c);)
-    });
+    let prelude = prelude(args, plan, stages, &options, &shared_self);
 
     // The parameters that stages use enter the environment.
     let puts = param_slots.iter().map(|(s, b, kind)| {
@@ -629,12 +632,10 @@ fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objecti
                 &[#(#tail_slots),*],
                 #objective,
             );
-            let #options = ::ckpt::__private::CheckpointOptions::new() #preserve #determinism;
+            #prelude
             #[allow(unused_mut)]
             let mut #env = ::ckpt::__private::Env::new(#slots);
             #(#puts)*
-            #self_capture
-            #(#captures)*
             #(#stage_defs)*
             ::ckpt::__private::run_stages(
                 &#chain,
