@@ -81,26 +81,42 @@ fn output_count_that_changes_on_recompute_is_an_error() {
     );
 }
 
+/// A segment whose recompute changes its output's shape; the error names it.
+fn shape_shifter() -> impl Fn(Tensor) -> Tensor + Send + 'static {
+    let (_, call) = counter();
+    move |x: Tensor| {
+        if call() == 0 {
+            x.sin()
+        } else {
+            x.sum(Kind::Float)
+        }
+    }
+}
+
+fn recompute_error(y: Tensor) -> String {
+    y.sum(Kind::Float).f_backward().unwrap_err().to_string()
+}
+
 #[test]
 fn the_default_name_is_the_call_site() {
     let _g = serial();
-    let (_, call) = counter();
-    let line = line!() + 1;
-    let y: Tensor = ckpt::checkpoint(
-        move |x: Tensor| {
-            if call() == 0 {
-                x.sin()
-            } else {
-                x.sum(Kind::Float)
-            }
-        },
-        x(),
+    let none = CheckpointOptions::new();
+    let at = |line: u32| format!("checkpoint `tests/errors.rs:{line}:");
+    let (y, line) = (ckpt::checkpoint(shape_shifter(), x()), line!());
+    let err = recompute_error(y);
+    assert!(err.contains(&at(line)), "{err}");
+    let (y, line) = (ckpt::f_checkpoint(shape_shifter(), x()).unwrap(), line!());
+    let err = recompute_error(y);
+    assert!(err.contains(&at(line)), "{err}");
+    let (y, line) = (ckpt::checkpoint_with(&none, shape_shifter(), x()), line!());
+    let err = recompute_error(y);
+    assert!(err.contains(&at(line)), "{err}");
+    let (y, line) = (
+        ckpt::f_checkpoint_with(&none, shape_shifter(), x()).unwrap(),
+        line!(),
     );
-    let err = y.sum(Kind::Float).f_backward().unwrap_err().to_string();
-    assert!(
-        err.contains(&format!("checkpoint `tests/errors.rs:{line}:")),
-        "{err}"
-    );
+    let err = recompute_error(y);
+    assert!(err.contains(&at(line - 1)), "{err}");
 }
 
 #[test]

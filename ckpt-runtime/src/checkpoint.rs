@@ -126,11 +126,7 @@ where
     O: Stash,
     F: Fn(I) -> O + Send + 'static,
 {
-    let name = default_name(Location::caller());
-    match run(&CheckpointOptions::new(), name, f, input) {
-        Ok(o) => o,
-        Err(e) => panic!("{e}"),
-    }
+    checkpoint_with(&CheckpointOptions::new(), f, input)
 }
 
 /// The fallible twin of [`checkpoint`].
@@ -146,8 +142,7 @@ where
     O: Stash,
     F: Fn(I) -> O + Send + 'static,
 {
-    let name = default_name(Location::caller());
-    run(&CheckpointOptions::new(), name, f, input)
+    f_checkpoint_with(&CheckpointOptions::new(), f, input)
 }
 
 /// [`checkpoint`] with explicit [`CheckpointOptions`].
@@ -162,11 +157,7 @@ where
     O: Stash,
     F: Fn(I) -> O + Send + 'static,
 {
-    let name = options
-        .name
-        .clone()
-        .unwrap_or_else(|| default_name(Location::caller()));
-    match run(options, name, f, input) {
+    match f_checkpoint_with(options, f, input) {
         Ok(o) => o,
         Err(e) => panic!("{e}"),
     }
@@ -188,15 +179,13 @@ where
     O: Stash,
     F: Fn(I) -> O + Send + 'static,
 {
-    let name = options
-        .name
-        .clone()
-        .unwrap_or_else(|| default_name(Location::caller()));
+    // Read here, not in a closure: a closure does not inherit `#[track_caller]`.
+    let caller = Location::caller();
+    let name = match &options.name {
+        Some(name) => name.clone(),
+        None => format!("{}:{}:{}", caller.file(), caller.line(), caller.column()),
+    };
     run(options, name, f, input)
-}
-
-fn default_name(loc: &Location<'_>) -> String {
-    format!("{}:{}:{}", loc.file(), loc.line(), loc.column())
 }
 
 /// Runs `f(input)` as a segment named `name` (the macros and `checkpoint_sequential`
