@@ -6,6 +6,8 @@
 //! dropout); an impossible budget panics with the smallest feasible one; plans are
 //! cached per input and listed by `ckpt::plan::function_plans`.
 
+mod common;
+
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use ckpt::{ShallowClone, checkpointed};
@@ -162,23 +164,7 @@ fn auto_gradients_equal_the_plain_function_bit_for_bit() {
     let vs = nn::VarStore::new(Device::Cpu);
     let net = Net::new(&vs.root(), 16, 16);
     let x = Tensor::randn([256, 16], (Kind::Float, Device::Cpu));
-    let run = |f: &dyn Fn(&Tensor) -> Tensor| {
-        for v in vs.trainable_variables() {
-            let mut g = v.grad();
-            if g.defined() {
-                let _ = g.zero_();
-            }
-        }
-        let xl = x.detach().set_requires_grad(true);
-        let y = f(&xl);
-        (&y * &y).sum(Kind::Float).backward();
-        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut out: Vec<Tensor> = named.into_iter().map(|(_, v)| v.grad().copy()).collect();
-        out.push(xl.grad().copy());
-        out.push(y.detach().copy());
-        out
-    };
+    let run = |f: &dyn Fn(&Tensor) -> Tensor| common::grads_and_output(&vs, &x, f);
     let reference = run(&|x| net.plain(x));
     type Forward = fn(&Net, &Tensor) -> Tensor;
     let cases: [(&str, Forward); 3] = [

@@ -6,6 +6,8 @@
 //! `examples/encoder.rs` (small shapes) `auto` needs no more memory than the best
 //! `segments = N` (the seed's shapes: `cargo run --release --example plan_encoder`).
 
+mod common;
+
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use ckpt::plan::{Budget, Objective, Schedule};
@@ -158,23 +160,8 @@ fn auto_gradients_equal_the_plain_model_bit_for_bit() {
     let vs_plain = nn::VarStore::new(Device::Cpu);
     let plain = PlainChain::new(vs_plain.root(), 16, 12);
     let x = Tensor::randn([512, 16], (Kind::Float, Device::Cpu));
-    let grads = |vs: &nn::VarStore, f: &dyn Fn(&Tensor) -> Tensor| {
-        for v in vs.trainable_variables() {
-            let mut g = v.grad();
-            if g.defined() {
-                let _ = g.zero_();
-            }
-        }
-        let xl = x.detach().set_requires_grad(true);
-        let y = f(&xl);
-        (&y * &y).sum(Kind::Float).backward();
-        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut out: Vec<Tensor> = named.into_iter().map(|(_, v)| v.grad().copy()).collect();
-        out.push(xl.grad().copy());
-        out.push(y.detach().copy());
-        out
-    };
+    let grads =
+        |vs: &nn::VarStore, f: &dyn Fn(&Tensor) -> Tensor| common::grads_and_output(vs, &x, f);
     let reference = grads(&vs_plain, &|x| plain.forward(x));
 
     for budget in [None, Some("60%"), Some("0.4")] {

@@ -50,7 +50,7 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
     (a - b).abs().max().double_value(&[])
 }
 
-/// The trainable variables of `vs` in name order, plus `extra` (inputs).
+/// The variables of `vs` in name order.
 pub fn params(vs: &nn::VarStore) -> Vec<Tensor> {
     let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
@@ -60,4 +60,21 @@ pub fn params(vs: &nn::VarStore) -> Vec<Tensor> {
 /// A float CPU tensor of shape `dims` from the global generator, requiring grad.
 pub fn input(dims: &[i64]) -> Tensor {
     Tensor::randn(dims, (Kind::Float, Device::Cpu)).set_requires_grad(true)
+}
+
+/// What a plain-vs-checkpointed comparison compares: the gradients of
+/// `sum(f(x) * f(x))` with respect to the variables of `vs` (in name order) and to `x`,
+/// then the output `f(x)`. `x` is detached first, so it may be reused.
+pub fn grads_and_output(
+    vs: &nn::VarStore,
+    x: &Tensor,
+    f: &dyn Fn(&Tensor) -> Tensor,
+) -> Vec<Tensor> {
+    let x = x.detach().set_requires_grad(true);
+    let y = f(&x);
+    let mut wrt = params(vs);
+    wrt.push(x);
+    let mut out = grads_of(&(&y * &y).sum(Kind::Float), &wrt);
+    out.push(y.detach().copy());
+    out
 }

@@ -250,6 +250,18 @@ fn binding_pat(b: &Binding) -> TokenStream {
     }
 }
 
+/// `Some(short_type_name::<Self>())` for a method, `None` for a free function: the
+/// owner part of a segment's name.
+fn owner(plan: &Plan<'_>) -> TokenStream {
+    if plan.self_span.is_some() {
+        quote!(::core::option::Option::Some(
+            ::ckpt::__private::short_type_name::<Self>()
+        ))
+    } else {
+        quote!(::core::option::Option::None)
+    }
+}
+
 /// One checkpointed group.
 fn segment(
     func: &Function,
@@ -265,13 +277,7 @@ fn segment(
 
     // Segment name: "`Type::method` segment 2 of 3 (src/model.rs:42)".
     let fn_name = func.sig.ident.to_string();
-    let owner = if plan.self_span.is_some() {
-        quote!(::core::option::Option::Some(
-            ::ckpt::__private::short_type_name::<Self>()
-        ))
-    } else {
-        quote!(::core::option::Option::None)
-    };
+    let owner = owner(plan);
     let index = g + 1;
     let line = quote_spanned!(first_span=> ::core::line!());
     let name = quote! {
@@ -604,13 +610,7 @@ fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objecti
 
     let items = plan.items.iter().map(|s| emit_stmt(s, false));
     let fn_name = func.sig.ident.to_string();
-    let owner = if plan.self_span.is_some() {
-        quote!(::core::option::Option::Some(
-            ::ckpt::__private::short_type_name::<Self>()
-        ))
-    } else {
-        quote!(::core::option::Option::None)
-    };
+    let owner = owner(plan);
     let first_span = plan
         .stmts
         .first()
