@@ -163,8 +163,13 @@ pub use ckpt_runtime::*;
 /// # let _ = noisy(&Tensor::ones([2], (Kind::Float, tch::Device::Cpu)));
 /// ```
 ///
-/// The rules are syntactic, so they can be fooled (a mutation hidden in a called
-/// function, or in a macro's expansion); libtorch's version counters still catch an
+/// "Outside" values are followed through local aliases: `let s = &self.x;`,
+/// `let t = x.shallow_clone();`, `.as_ref()`, `.borrow()`, `.deref()`, an outside value
+/// moved into a local (`let mut t = xs;`), and the parameters of a closure given to a
+/// method of an outside value (`TL.with(|c| c.set(..))`, `self.bias.as_ref().map(|b| ..)`).
+/// The rules are syntactic, so they can still be fooled (a mutation hidden in a called
+/// function or in a macro's expansion, an `Arc` cloned out of `self` — `clone` is not
+/// followed, since on most types it copies); libtorch's version counters still catch an
 /// in-place change of a stashed tensor at backward, and `determinism_check` a recompute
 /// whose shapes differ from forward.
 ///

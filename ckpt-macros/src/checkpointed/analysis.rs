@@ -521,7 +521,8 @@ const RNG_METHODS: &[&str] = &[
     "next_u64",
 ];
 
-/// The root of a place expression (`a` in `a.b[i]`, `*a`, `(a)`).
+/// The root of a place expression (`a` in `a.b[i]`, `*a`, `(a)`, `a.as_ref()`).
+#[derive(Clone)]
 enum Root {
     /// A single identifier.
     Name(String),
@@ -543,11 +544,27 @@ fn root(e: &Expr) -> Root {
         Expr::Group(g) => root(&g.expr),
         Expr::Reference(r) => root(&r.expr),
         Expr::Unary(u) if matches!(u.op, syn::UnOp::Deref(_)) => root(&u.expr),
-        // A shallow clone shares storage with what it was cloned from.
-        Expr::MethodCall(m) if m.method == "shallow_clone" && m.args.is_empty() => {
+        // A shallow clone shares storage with what it was cloned from; the others
+        // return a reference into their receiver.
+        Expr::MethodCall(m)
+            if m.args.is_empty() && ALIASING_METHODS.contains(&&*m.method.to_string()) =>
+        {
             root(&m.receiver)
         }
         _ => Root::Unknown,
+    }
+}
+
+/// Methods whose result refers to their receiver (`clone` is not one: on a `Vec` it is
+/// a copy; an `Arc` cloned out of `self` is not followed).
+const ALIASING_METHODS: &[&str] = &["shallow_clone", "as_ref", "as_deref", "borrow", "deref"];
+
+impl Root {
+    fn name(&self) -> Option<&str> {
+        match self {
+            Root::Name(n) | Root::Path(n) => Some(n),
+            Root::Unknown => None,
+        }
     }
 }
 
@@ -571,8 +588,14 @@ struct Walker<'c> {
     /// "segment 2 of 3", for messages.
     segment: String,
     fn_name: &'c str,
-    /// Innermost last; `scopes[0]` holds the group's top-level definitions so far.
-    scopes: Vec<HashSet<String>>,
+    /// Innermost last; `scopes[0]` holds the group's top-level definitions so far. Each
+    /// local maps to what it aliases when that is a value from outside the segment
+    /// (`let s = &self.x;`, `let t = x.shallow_clone();`, `let u = x;`, the parameter of
+    /// a closure given to a method of an outside value, `TL.with(|c| ..)`): the
+    /// side-effect rules follow it there.
+    scopes: Vec<HashMap<String, Option<Root>>>,
+    /// What the parameters of the closure about to be visited alias.
+    closure_alias: Option<Root>,
     uses: Vec<(String, Span)>,
     seen: HashSet<String>,
     defs: Vec<Binding>,
@@ -595,7 +618,8 @@ impl<'c> Walker<'c> {
             check,
             segment,
             fn_name,
-            scopes: vec![HashSet::new()],
+            scopes: vec![HashMap::new()],
+            closure_alias: None,
             uses: Vec::new(),
             seen: HashSet::new(),
             defs: Vec::new(),
@@ -618,7 +642,7 @@ impl<'c> Walker<'c> {
     }
 
     fn is_local(&self, name: &str) -> bool {
-        self.scopes.iter().any(|s| s.contains(name))
+        self.scopes.iter().any(|s| s.contains_key(name))
     }
 
     fn use_name(&mut self, name: String, span: Span) {
@@ -631,11 +655,11 @@ impl<'c> Walker<'c> {
         let mut bs = Vec::new();
         pat_bindings(pat, &mut bs);
         let scope = self.scopes.last_mut().expect("a scope");
-        scope.extend(bs.into_iter().map(|b| b.ident.to_string()));
+        scope.extend(bs.into_iter().map(|b| (b.ident.to_string(), None)));
     }
 
     fn scoped(&mut self, f: impl FnOnce(&mut Self)) {
-        self.scopes.push(HashSet::new());
+        self.scopes.push(HashMap::new());
         f(self);
         self.scopes.pop();
     }
@@ -662,20 +686,78 @@ impl<'c> Walker<'c> {
         }
     }
 
-    /// Whether a place root is outside the segment (`self`, a parameter, an earlier
-    /// binding, a static); `None` when it cannot be told (a temporary). An outer binding
-    /// found here is recorded as mutated.
-    fn outer_root(&mut self, e: &Expr) -> Option<String> {
-        match root(e) {
-            Root::Name(n) if !self.is_local(&n) => {
-                if !self.mutated.contains(&n) {
-                    self.mutated.push(n.clone());
-                }
-                Some(n)
-            }
-            Root::Name(_) | Root::Unknown => None,
-            Root::Path(p) => Some(p),
+    /// What the local `name` aliases outside the segment, if anything.
+    fn alias_of(&self, name: &str) -> Option<Root> {
+        let scope = self.scopes.iter().rev().find(|s| s.contains_key(name))?;
+        scope[name].clone()
+    }
+
+    /// The outside value a place refers to: its root when that is outside the
+    /// segment, or what a local root aliases.
+    fn outside(&self, place: &Expr) -> Option<Root> {
+        match root(place) {
+            Root::Name(n) if self.is_local(&n) => self.alias_of(&n),
+            Root::Unknown => None,
+            r => Some(r),
         }
+    }
+
+    /// What a `let` initializer makes its binding alias: a reference to an outside
+    /// place, an aliasing method on one, or an outside value (or alias) moved in.
+    fn alias_target(&self, init: &Expr) -> Option<Root> {
+        match init {
+            // A field read (`let n = self.n;`) copies; other methods make new values.
+            Expr::Reference(_) | Expr::MethodCall(_) | Expr::Path(_) => self.outside(init),
+            _ => None,
+        }
+    }
+
+    /// Binds a `let` pattern in the innermost scope (or, `top`, in the group's), with
+    /// the alias its initializer makes when the pattern is one name.
+    fn bind_let(&mut self, pat: &Pat, init: Option<&Expr>, top: bool) {
+        let alias = init.and_then(|e| self.alias_target(e));
+        let mut bs = Vec::new();
+        pat_bindings(pat, &mut bs);
+        let alias = if bs.len() == 1 { alias } else { None };
+        let scope = if top {
+            &mut self.scopes[0]
+        } else {
+            self.scopes.last_mut().expect("a scope")
+        };
+        for b in &bs {
+            scope.insert(b.ident.to_string(), alias.clone());
+        }
+        if top {
+            self.defs.extend(bs);
+        }
+    }
+
+    /// Whether a place is outside the segment (`self`, a parameter, an earlier binding, a
+    /// static, or a local that aliases one of those), as the name to report; `None` when
+    /// it cannot be told (a temporary). A bare local is followed to what it aliases only
+    /// with `follow_bare` (assigning to the local itself rebinds it; calling a method on
+    /// it reaches what it aliases). An outer binding found here is recorded as mutated.
+    fn outer_root(&mut self, e: &Expr, follow_bare: bool) -> Option<String> {
+        let (target, via) = match root(e) {
+            Root::Name(n) if self.is_local(&n) => {
+                if !follow_bare && matches!(e, Expr::Path(_)) {
+                    return None;
+                }
+                (self.alias_of(&n)?, Some(n))
+            }
+            Root::Unknown => return None,
+            r => (r, None),
+        };
+        if let Root::Name(n) = &target
+            && !self.mutated.contains(n)
+        {
+            self.mutated.push(n.clone());
+        }
+        let name = target.name()?;
+        Some(match via {
+            Some(local) => format!("{name}` through `{local}"),
+            None => name.to_string(),
+        })
     }
 
     /// A top-level statement of the group.
@@ -688,12 +770,7 @@ impl<'c> Walker<'c> {
                         w.visit_expr(diverge);
                     }
                 }
-                let mut bs = Vec::new();
-                pat_bindings(&local.pat, &mut bs);
-                for b in bs {
-                    w.scopes[0].insert(b.ident.to_string());
-                    w.defs.push(b);
-                }
+                w.bind_let(&local.pat, local.init.as_ref().map(|i| &*i.expr), true);
             }
             Stmt::Expr(e, _) => w.visit_expr(e),
             Stmt::Macro(m) => w.visit_macro(&m.mac),
@@ -705,7 +782,7 @@ impl<'c> Walker<'c> {
         if !is_inplace_name(method) {
             return;
         }
-        if let Some(root) = self.outer_root(receiver) {
+        if let Some(root) = self.outer_root(receiver, true) {
             let out_of_place = method.trim_end_matches('_');
             let message = format!(
                 "in-place `{method}` on `{root}`, which enters this checkpointed {segment} of `{f}`: the recompute in backward would see the modified value; use the out-of-place `{out_of_place}`, or lift the rule with `#[ckpt::allow(inplace)]` on the statement",
@@ -722,7 +799,7 @@ impl<'c> Walker<'c> {
         if !mutating && !rng {
             return;
         }
-        let Some(root) = self.outer_root(receiver) else {
+        let Some(root) = self.outer_root(receiver, true) else {
             return;
         };
         if rng {
@@ -741,7 +818,7 @@ impl<'c> Walker<'c> {
     }
 
     fn check_assign(&mut self, target: &Expr, node: impl quote::ToTokens) {
-        if let Some(root) = self.outer_root(target) {
+        if let Some(root) = self.outer_root(target, false) {
             let message = format!(
                 "assignment to `{root}`, which is not bound inside this checkpointed {segment}: the segment runs again in backward, so the assignment would happen twice; bind a new value with `let` instead, or lift the rule with `#[ckpt::allow(assign)]`",
                 segment = self.segment,
@@ -892,7 +969,7 @@ impl<'ast> Visit<'ast> for Walker<'_> {
                         w.visit_expr(diverge);
                     }
                 }
-                w.bind(&local.pat);
+                w.bind_let(&local.pat, local.init.as_ref().map(|i| &*i.expr), false);
             }
             Stmt::Expr(e, _) => w.visit_expr(e),
             Stmt::Macro(m) => w.visit_macro(&m.mac),
@@ -915,9 +992,16 @@ impl<'ast> Visit<'ast> for Walker<'_> {
     }
 
     fn visit_expr_closure(&mut self, e: &'ast syn::ExprClosure) {
+        let alias = self.closure_alias.take();
         self.in_closure(|w| {
             for input in &e.inputs {
                 w.bind(input);
+                let mut bs = Vec::new();
+                pat_bindings(input, &mut bs);
+                if let (Some(alias), [b]) = (&alias, &bs[..]) {
+                    let scope = w.scopes.last_mut().expect("a scope");
+                    scope.insert(b.ident.to_string(), Some(alias.clone()));
+                }
             }
             w.visit_expr(&e.body);
         });
@@ -1075,7 +1159,18 @@ impl<'ast> Visit<'ast> for Walker<'_> {
         let method = e.method.to_string();
         self.check_inplace(&method, &e.receiver, e);
         self.check_mutation(&method, &e.receiver, e);
-        syn::visit::visit_expr_method_call(self, e);
+        // A closure given to a method of an outside value (`TL.with(|c| ..)`,
+        // `self.bias.as_ref().map(|b| ..)`) gets that value: its parameters alias it.
+        let outside = self.outside(&e.receiver);
+        self.visit_expr(&e.receiver);
+        for arg in &e.args {
+            self.closure_alias = match arg {
+                Expr::Closure(_) => outside.clone(),
+                _ => None,
+            };
+            self.visit_expr(arg);
+        }
+        self.closure_alias = None;
     }
 
     fn visit_expr_call(&mut self, e: &'ast syn::ExprCall) {
