@@ -450,3 +450,54 @@ fn an_output_that_is_a_tensor_from_outside_the_segment() {
     );
     assert!(x.grad().equal(&w.detach()));
 }
+
+/// An output that is one of the segment's inputs (returned unchanged, as `#[checkpointed]`
+/// does with a `let mut` binding that later code reads) is a view of it through the node:
+/// gradients equal the plain run's. A checkpoint keeps its inputs until backward, so an
+/// in-place op on one of them is an error, never a recompute from the changed value: on
+/// that view at once (libtorch's), on the input itself at backward (naming the segment).
+#[test]
+fn inputs_returned_unchanged_and_inputs_changed_in_place() {
+    tch::manual_seed(17);
+    let x = input(&[4]);
+    let plain = {
+        let h = &x * 3.0;
+        let g = (&h * 2.0).sin();
+        grads_of(&(&h * &g).sum(Kind::Float), std::slice::from_ref(&x))
+    };
+    let keeps_h = || {
+        let h = &x * 3.0;
+        let (h2, g): (Tensor, Tensor) = ckpt::checkpoint_with(
+            &ckpt::CheckpointOptions::new().name("keeps h"),
+            |h: Tensor| {
+                let g = (&h * 2.0).sin();
+                (h, g)
+            },
+            h.shallow_clone(),
+        );
+        (h2, g)
+    };
+    let (h2, g) = keeps_h();
+    let got = grads_of(&(&h2 * &g).sum(Kind::Float), std::slice::from_ref(&x));
+    assert_all_equal("passthrough output", &plain, &got);
+
+    let (mut h2, _) = keeps_h();
+    let err = h2.f_relu_().unwrap_err().to_string();
+    assert!(
+        err.contains("is a view and is being modified inplace"),
+        "{err}"
+    );
+
+    let mut h = &x * 3.0;
+    let g: Tensor = ckpt::checkpoint_with(
+        &ckpt::CheckpointOptions::new().name("keeps h"),
+        |h: Tensor| (&h * 2.0).sin(),
+        h.shallow_clone(),
+    );
+    let _ = h.relu_();
+    let err = g.sum(Kind::Float).f_backward().unwrap_err().to_string();
+    assert!(
+        err.contains("checkpoint `keeps h`: an input of the segment was modified in place"),
+        "{err}"
+    );
+}

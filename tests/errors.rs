@@ -326,3 +326,26 @@ fn panics_while_dropping_do_not_abort() {
     let err = y.sum(Kind::Float).f_backward().unwrap_err().to_string();
     assert!(err.contains("panicked during recompute"), "{err}");
 }
+
+#[test]
+fn a_recompute_that_returns_an_undefined_tensor_is_an_error_naming_the_segment() {
+    let _g = serial();
+    for check in [true, false] {
+        let (_, call) = counter();
+        let opts = CheckpointOptions::new()
+            .name("vanishing")
+            .determinism_check(check);
+        let xs = x();
+        let y: Tensor = ckpt::checkpoint_with(
+            &opts,
+            move |x: Tensor| if call() == 0 { x.sin() } else { Tensor::new() },
+            xs.shallow_clone(),
+        );
+        let err = y.sum(Kind::Float).f_backward().unwrap_err().to_string();
+        assert!(
+            err.contains("checkpoint `vanishing`: recomputed output 0 is an undefined tensor"),
+            "determinism_check {check}: {err}"
+        );
+        assert!(!xs.grad().defined());
+    }
+}

@@ -302,7 +302,10 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     // recompute would backpropagate into this very node (a deadlock). Forward runs under
     // no_grad, so a tensor the closure created is referenced only by `outs`; anything
     // referenced elsewhere too is returned as an alias (a new tensor on the same storage)
-    // instead. Outputs that are inputs are left to autograd, which aliases them itself.
+    // instead. Outputs that are inputs are left to autograd, which returns a view of the
+    // input through the node (so gradients take the same path, and sum in the same order,
+    // as the other outputs'); an in-place op on that view is libtorch's error, as an
+    // in-place op on a stashed input would be at backward.
     for (auto& o : outs) {
       if (!o.defined() || o.use_count() <= 1) continue;
       bool is_input = false;
@@ -331,7 +334,16 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     // The engine runs a node with grad mode on exactly when the caller asked for
     // create_graph (double backward).
     const bool create_graph = c10::GradMode::is_enabled();
-    std::vector<at::Tensor> saved = ctx->get_saved_variables();
+    std::vector<at::Tensor> saved;
+    try {
+      saved = ctx->get_saved_variables();
+    } catch (const c10::Error& e) {
+      fail("checkpoint `", seg->name,
+           "`: an input of the segment was modified in place after the forward pass; a "
+           "checkpoint keeps its inputs to recompute from them, so they must stay as they "
+           "were until backward (apply the in-place op to a copy, or use the out-of-place "
+           "op). libtorch: ", e.what_without_backtrace());
+    }
 
     // loss.backward() reaches this node with an empty execution filter; run_backward /
     // autograd.grad with explicit inputs with a non-empty one ("checkpoint valid" is
@@ -366,6 +378,10 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       outs = call_closure(*seg, true, detached, nullptr);
     }
 
+    for (size_t i = 0; i < outs.size(); ++i) {
+      check(outs[i].defined(), "checkpoint `", seg->name, "`: recomputed output ", i,
+            " is an undefined tensor (forward produced a defined one)");
+    }
     if (seg->determinism_check) {
       check(outs.size() == seg->outputs.size(), "checkpoint `", seg->name,
                   "`: recompute returned ", outs.size(), " tensors, forward returned ",

@@ -109,6 +109,9 @@ pub fn live_segments() -> i64 {
 ///   (only the stash's gradients are computed then). Gradients of tensors captured by
 ///   `f` cannot be requested that way (they come back undefined); use `backward()`.
 /// - Double backward (`create_graph = true`) differentiates through the recompute.
+/// - The inputs are kept until backward: changing one in place after this call makes
+///   backward fail with an error naming the segment; an output that is an input returned
+///   unchanged is a view of it through the node, and libtorch refuses in-place ops on it.
 ///
 /// # Panics
 ///
