@@ -313,6 +313,22 @@ fn run_backward_with_respect_to_inputs() {
     );
 }
 
+/// A closure that captures a tensor computed outside the segment (not a leaf) is
+/// followed by `backward()`: the gradient reaches what that tensor was computed from.
+/// (`run_backward` with explicit inputs does not see that path: documented on
+/// `checkpoint`.)
+#[test]
+fn backward_through_a_captured_computed_tensor() {
+    let x = input(&[3]);
+    let z = input(&[3]);
+    let h = &x * 2.0;
+    let hc = h.shallow_clone();
+    let y: Tensor = ckpt::checkpoint(move |z: Tensor| &z * &hc, z.shallow_clone());
+    (y + h).sum(Kind::Float).backward();
+    assert!(x.grad().equal(&(z.detach() * 2.0 + 2.0)), "d/dx = 2z + 2");
+    assert!(z.grad().equal(&(x.detach() * 2.0)), "d/dz = 2x");
+}
+
 /// Double backward (create_graph) differentiates through the recompute.
 #[test]
 fn double_backward() {

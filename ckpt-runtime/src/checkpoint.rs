@@ -108,6 +108,10 @@ pub fn live_segments() -> i64 {
 /// - `Tensor::run_backward(&[loss], &[x], ..)` with `x` an input of the segment works
 ///   (only the stash's gradients are computed then). Gradients of tensors captured by
 ///   `f` cannot be requested that way (they come back undefined); use `backward()`.
+///   Capture leaves (parameters, buffers) only: a captured tensor that was computed
+///   (`h = &x * 2`, requiring grad) is followed by `backward()`, but `run_backward`
+///   with respect to what it came from (`x`) misses that path without an error, since
+///   the node does not know its captures; pass such a tensor as an input instead.
 /// - Double backward (`create_graph = true`) differentiates through the recompute.
 /// - The inputs are kept until backward: changing one in place after this call makes
 ///   backward fail with an error naming the segment; an output that is an input returned
