@@ -126,6 +126,22 @@ fn measure_counts_exact_bytes() {
     );
 }
 
+/// A `measure` inside a `measure` reports its own peak, and the enclosing one still sees
+/// the peak it had before the inner one started.
+#[test]
+fn measurements_nest() {
+    let _g = serial();
+    let ((), outer) = memory::measure(Device::Cpu, || {
+        drop(Tensor::zeros([1 << 20], (Kind::Float, Device::Cpu))); // 4 MiB, freed
+        let (small, inner) = memory::measure(Device::Cpu, || {
+            Tensor::zeros([1024], (Kind::Float, Device::Cpu)) // 4096 bytes
+        });
+        assert_eq!(inner.peak_above_baseline_bytes, 4096);
+        drop(small);
+    });
+    assert_eq!(outer.peak_above_baseline_bytes, 4 << 20);
+}
+
 #[test]
 fn cuda_statistics_without_cuda_are_an_error() {
     let _g = serial();

@@ -297,6 +297,25 @@ fn plans_are_cached_per_input_shape_and_train_flag() {
     );
 }
 
+/// The profiling run of a model's first call keeps the peak that an enclosing
+/// `memory::measure` saw before it.
+#[test]
+fn profiling_inside_measure_keeps_the_enclosing_peak() {
+    let _serial = serial();
+    tch::manual_seed(5);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let chain = Chain::new(vs.root(), 16, 8);
+    let x = Tensor::randn([64, 16], (Kind::Float, Device::Cpu));
+    let ((), report) = ckpt::memory::measure(Device::Cpu, || {
+        drop(Tensor::zeros([1 << 22], (Kind::Float, Device::Cpu))); // 16 MiB, freed
+        chain.forward(&x).sum(Kind::Float).backward(); // profiles, then runs the plan
+    });
+    assert!(
+        report.peak_above_baseline_bytes >= 16 << 20,
+        "the 16 MiB peak before the profile is lost: {report:?}"
+    );
+}
+
 #[test]
 fn auto_is_at_least_as_good_as_every_segment_count_on_the_encoder() {
     let _serial = serial();

@@ -623,6 +623,8 @@ int64_t ckpt_cpu_peak_bytes() { return g_cpu_peak.load(); }
 
 void ckpt_cpu_reset_peak() { g_cpu_peak.store(g_cpu_current.load()); }
 
+void ckpt_cpu_raise_peak(int64_t bytes) { bump_peak(bytes); }
+
 int32_t ckpt_cuda_memory(int32_t device, int64_t* current, int64_t* peak, void* err_ctx,
                          ckpt_msg_fn set_err) {
   try {

@@ -41,6 +41,7 @@ unsafe extern "C" {
     fn ckpt_cpu_current_bytes() -> i64;
     fn ckpt_cpu_peak_bytes() -> i64;
     fn ckpt_cpu_reset_peak();
+    fn ckpt_cpu_raise_peak(bytes: i64);
     fn ckpt_cuda_memory(
         device: i32,
         current: *mut i64,
@@ -309,6 +310,11 @@ pub(crate) fn cpu_memory() -> (i64, i64) {
 pub(crate) fn cpu_reset_peak() {
     // SAFETY: stores an atomic counter; no arguments.
     unsafe { ckpt_cpu_reset_peak() }
+}
+
+pub(crate) fn cpu_raise_peak(bytes: i64) {
+    // SAFETY: a compare-and-swap loop on an atomic counter; a plain integer argument.
+    unsafe { ckpt_cpu_raise_peak(bytes) }
 }
 
 pub(crate) fn cuda_available() -> bool {

@@ -134,6 +134,12 @@ pub fn f_reset_peak(device: Device) -> Result<(), CkptError> {
 /// it synchronises nothing, so call it around work whose allocations are issued inside
 /// `f` (they are, for eager tch code).
 ///
+/// On CPU, measurements nest: when `f` returns, the device's peak is raised back to at
+/// least what it was before, so an enclosing `measure` (or a profiling run of
+/// `segments = auto` inside it) still sees its own earlier peak. On CUDA the caching
+/// allocator's peak can only be reset, so a nested `measure` forgets the enclosing one's
+/// peak before it.
+///
 /// ```
 /// # extern crate ckpt_runtime as ckpt;
 /// use tch::{Device, Kind, Tensor};
@@ -160,10 +166,14 @@ pub fn measure<R>(device: Device, f: impl FnOnce() -> R) -> (R, PeakReport) {
 ///
 /// As [`f_stats`]; `f` is not run then.
 pub fn f_measure<R>(device: Device, f: impl FnOnce() -> R) -> Result<(R, PeakReport), CkptError> {
+    let enclosing_peak = f_stats(device)?.peak_bytes;
     f_reset_peak(device)?;
     let before = f_stats(device)?;
     let r = f();
     let after = f_stats(device)?;
+    if device == Device::Cpu {
+        ffi::cpu_raise_peak(enclosing_peak);
+    }
     Ok((
         r,
         PeakReport {

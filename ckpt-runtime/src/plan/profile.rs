@@ -87,7 +87,8 @@ pub fn f_profile_sequential_t<M: ModuleT>(
 /// forwards and one backward of the chain, one stage at a time, so its own peak is about
 /// one stage's.
 ///
-/// Side effects: it resets the device's peak counter ([`memory::reset_peak`]). Random
+/// Side effects: on CUDA it resets the device's peak counter ([`memory::reset_peak`]; on
+/// CPU the peak seen by an enclosing [`memory::measure`] is kept). Random
 /// ops in the stages (dropout) run, but the generators' states (CPU, and every CUDA
 /// device's) are saved before and restored after, so the random streams are as if the
 /// profile had not run.
