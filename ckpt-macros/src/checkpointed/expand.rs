@@ -616,7 +616,9 @@ fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objecti
         .first()
         .map_or_else(Span::call_site, |s| s.span());
     let line = quote_spanned!(first_span=> ::core::line!());
-    let chain = mixed("__CKPT_CHAIN");
+    // The static lives in a block of its own: an item is not hygienic, and in the
+    // function's scope it would collide with a user's `let` of the same name.
+    let chain = mixed("__ckpt_chain");
     let objective = objective.tokens();
     quote! {
         #(#attrs)*
@@ -624,21 +626,24 @@ fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objecti
             #(#items)*
             #[allow(unused_imports)]
             use ::ckpt::__private::{ViaHash as _, ViaNoHash as _};
-            static #chain: ::ckpt::__private::FnChain = ::ckpt::__private::FnChain::new(
-                #fn_name,
-                #slots,
-                &[#(#uses_table),*],
-                &[#(#defs_table),*],
-                &[#(#tail_slots),*],
-                #objective,
-            );
+            let #chain: &'static ::ckpt::__private::FnChain = {
+                static CHAIN: ::ckpt::__private::FnChain = ::ckpt::__private::FnChain::new(
+                    #fn_name,
+                    #slots,
+                    &[#(#uses_table),*],
+                    &[#(#defs_table),*],
+                    &[#(#tail_slots),*],
+                    #objective,
+                );
+                &CHAIN
+            };
             #prelude
             #[allow(unused_mut)]
             let mut #env = ::ckpt::__private::Env::new(#slots);
             #(#puts)*
             #(#stage_defs)*
             ::ckpt::__private::run_stages(
-                &#chain,
+                #chain,
                 &#options,
                 #owner,
                 ::core::file!(),

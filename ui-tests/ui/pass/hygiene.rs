@@ -33,7 +33,20 @@ impl Model {
     }
 }
 
+/// `segments = auto` keeps a plan cache in a static; it does not collide with locals.
+#[ckpt::checkpointed(segments = auto)]
+#[allow(non_snake_case)]
+fn auto(xs: &Tensor) -> Tensor {
+    let __CKPT_CHAIN = xs.relu();
+    let CHAIN = __CKPT_CHAIN.sigmoid();
+    let __ckpt_chain = CHAIN.tanh();
+    __ckpt_chain.sum(Kind::Float)
+}
+
 fn main() {
+    let ys = Tensor::randn([2, 3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    auto(&ys).backward();
+    assert!(ys.grad().defined());
     let vs = nn::VarStore::new(Device::Cpu);
     let m = Model { lin: nn::linear(vs.root(), 3, 3, Default::default()) };
     let xs = Tensor::randn([2, 3], (Kind::Float, Device::Cpu));
