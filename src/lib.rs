@@ -214,6 +214,10 @@ pub use ckpt_runtime::*;
 ///   The input is the shapes, dtypes and devices of the tensors in the arguments that
 ///   the stages use, and the values of those arguments whose type implements `Hash`
 ///   (`train: bool`, sizes, `&str`); instances of a type share their method's plans.
+///   An argument that changes on every call (a step counter) and that a stage uses
+///   makes every call a new input, profiled again: use it in the last statement, or
+///   pass it in a type without `Hash`. A function keeps at most
+///   [`plan::MAX_PLANS_PER_FUNCTION`] plans, forgetting the oldest.
 ///   Without grad (`tch::no_grad`) every statement runs inline and nothing is planned.
 ///   [`plan::function_plans`] lists the plans made so far (print one: cuts, predicted
 ///   peak and extra time), [`plan::clear_function_plans`] forgets them.

@@ -367,3 +367,30 @@ fn auto_statements_keep_changes_to_mut_bindings() {
     assert!(tch::no_grad(|| reversed_rows(&xs)).equal(&want));
     assert!(reversed_rows(&xs).equal(&want));
 }
+
+/// A hashed argument that a stage uses is part of the plan's input, so a step counter
+/// makes a new plan per call; the function keeps the newest
+/// `ckpt::plan::MAX_PLANS_PER_FUNCTION`.
+#[checkpointed(segments = auto)]
+fn stepped(xs: &Tensor, step: usize) -> Tensor {
+    let h = xs.tanh() * (step as f64);
+    let h = h.sigmoid();
+    h.sum(Kind::Float)
+}
+
+#[test]
+fn plans_per_function_are_bounded() {
+    let _g = serial();
+    let xs = Tensor::randn([4, 3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let max = ckpt::plan::MAX_PLANS_PER_FUNCTION;
+    let count = || {
+        ckpt::plan::function_plans()
+            .iter()
+            .filter(|p| p.function.starts_with("stepped ("))
+            .count()
+    };
+    for step in 0..max + 6 {
+        stepped(&xs, step).backward();
+        assert_eq!(count(), (step + 1).min(max), "after step {step}");
+    }
+}

@@ -34,7 +34,7 @@
 //! arguments whose type implements `Hash`, such as a `train: bool`).
 
 use std::any::Any;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -255,6 +255,45 @@ struct Liveness {
     used_from: Vec<Vec<bool>>,
 }
 
+/// How many plans a `#[checkpointed(segments = auto)]` function keeps (one per input);
+/// past that the oldest is forgotten, so an argument that changes on every call (a step
+/// counter that a stage uses, hashed into the input) cannot grow the cache without end.
+pub const MAX_PLANS_PER_FUNCTION: usize = 64;
+
+/// The plans of one function by input, oldest first.
+#[derive(Default)]
+struct PlanCache {
+    plans: HashMap<FnKey, Plan>,
+    order: VecDeque<FnKey>,
+}
+
+impl PlanCache {
+    fn get(&self, key: &FnKey) -> Option<&Plan> {
+        self.plans.get(key)
+    }
+
+    fn insert(&mut self, key: FnKey, plan: Plan) {
+        if !self.plans.contains_key(&key) {
+            if self.order.len() == MAX_PLANS_PER_FUNCTION
+                && let Some(oldest) = self.order.pop_front()
+            {
+                self.plans.remove(&oldest);
+            }
+            self.order.push_back(key.clone());
+        }
+        self.plans.insert(key, plan);
+    }
+
+    fn clear(&mut self) {
+        self.plans.clear();
+        self.order.clear();
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&FnKey, &Plan)> {
+        self.order.iter().map(|k| (k, &self.plans[k]))
+    }
+}
+
 /// The static description of a `#[checkpointed(segments = auto)]` function, generated
 /// as a `static` in its body: its name, its stages' uses and definitions by slot, the
 /// slots the last statement takes, the objective, and the plans cached per input.
@@ -266,7 +305,7 @@ pub struct FnChain {
     tail: &'static [usize],
     objective: Objective,
     liveness: OnceLock<Liveness>,
-    plans: OnceLock<Mutex<HashMap<FnKey, Plan>>>,
+    plans: OnceLock<Mutex<PlanCache>>,
     /// `Type::method (file:line)`, set by the first plan.
     display: OnceLock<String>,
 }
@@ -325,7 +364,7 @@ impl FnChain {
         })
     }
 
-    fn plans(&'static self) -> MutexGuard<'static, HashMap<FnKey, Plan>> {
+    fn plans(&'static self) -> MutexGuard<'static, PlanCache> {
         let plans = self.plans.get_or_init(|| {
             lock(&REGISTRY).push(self);
             Mutex::default()
@@ -375,7 +414,8 @@ pub struct FunctionPlan {
 
 /// The plans made so far by every `#[checkpointed(segments = auto)]` and
 /// `#[checkpointed(budget = "..")]` function of the program (one per function and
-/// input), in no particular order. Print one with `Display` or [`Plan::explain`].
+/// input, at most [`MAX_PLANS_PER_FUNCTION`] each), each function's oldest first. Print one
+/// with `Display` or [`Plan::explain`].
 pub fn function_plans() -> Vec<FunctionPlan> {
     let chains: Vec<&'static FnChain> = lock(&REGISTRY).clone();
     let mut out = Vec::new();
