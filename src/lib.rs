@@ -163,15 +163,23 @@ pub use ckpt_runtime::*;
 /// # let _ = noisy(&Tensor::ones([2], (Kind::Float, tch::Device::Cpu)));
 /// ```
 ///
-/// "Outside" values are followed through local aliases: `let s = &self.x;`,
-/// `let t = x.shallow_clone();`, `.as_ref()`, `.borrow()`, `.deref()`, an outside value
-/// moved into a local (`let mut t = xs;`), and the parameters of a closure given to a
-/// method of an outside value (`TL.with(|c| c.set(..))`, `self.bias.as_ref().map(|b| ..)`).
+/// "Outside" values are followed through local aliases, as far as each alias reaches:
+/// an outside value moved into a local (`let mut t = xs;`) or `&mut place` is the value
+/// for every rule; a shared reference (`&place`, `.as_ref()`, `.borrow()`, `.deref()`,
+/// the parameter of a closure given to a method of an outside value, as in
+/// `TL.with(|c| c.set(..))` or `self.bias.as_ref().map(|b| ..)`) carries in-place ops and
+/// interior mutability to it, not changes of the local itself (`opt.take()` on a
+/// `let mut opt = self.bias.as_ref();`); a shallow clone (`let h = xs.shallow_clone();`)
+/// carries in-place ops, including `h += x` (in place on a tch tensor), and stops being an
+/// alias when `h` is assigned a new value. Names shared with out-of-place methods are
+/// told apart by argument count: tch's `take(&index)` and `set()`, `str::replace(a, b)`.
 /// The rules are syntactic, so they can still be fooled (a mutation hidden in a called
 /// function or in a macro's expansion, an `Arc` cloned out of `self` — `clone` is not
-/// followed, since on most types it copies); libtorch's version counters still catch an
-/// in-place change of a stashed tensor at backward, and `determinism_check` a recompute
-/// whose shapes differ from forward.
+/// followed, since on most types it copies — or a binding made by `if let`, `match` or
+/// `for` over an outside value); libtorch's version counters still catch an in-place
+/// change of a stashed tensor at backward, and `determinism_check` a recompute whose
+/// shapes differ from forward. `#[ckpt::allow(..)]` exists only inside a
+/// `#[checkpointed]` function (rustc has no custom attributes on statements).
 ///
 /// # Automatic cuts: `segments = auto` and `budget`
 ///

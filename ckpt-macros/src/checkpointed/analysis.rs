@@ -477,12 +477,23 @@ const IO_MACROS: &[&str] = &[
     "println", "print", "eprintln", "eprint", "dbg", "write", "writeln",
 ];
 const EARLY_EXIT_MACROS: &[&str] = &["bail", "ensure"];
-const MUTATING_METHODS: &[&str] = &[
+/// Interior mutability: changes a value through a shared reference (with `fetch_*`).
+const INTERIOR_METHODS: &[&str] = &[
     "borrow_mut",
     "lock",
     "try_lock",
     "write",
     "set",
+    "store",
+    "compare_exchange",
+    "compare_exchange_weak",
+    "replace",
+    "take",
+    "swap",
+];
+/// Collection and `Option` mutation: changes a value through `&mut` (the receiver itself,
+/// or what an `&mut` alias points to).
+const COLLECTION_METHODS: &[&str] = &[
     "replace",
     "take",
     "swap",
@@ -502,10 +513,20 @@ const MUTATING_METHODS: &[&str] = &[
     "retain",
     "drain",
     "entry",
-    "store",
-    "compare_exchange",
-    "compare_exchange_weak",
 ];
+
+/// Whether a call of `method` with `args` arguments (the receiver not counted) can
+/// mutate: tch's out-of-place `Tensor::take(&index)` and `Tensor::set()`, and
+/// `str::replace(from, to)`, share their names with `Option::take()`, `Cell::set(v)` and
+/// `Option::replace(v)`.
+fn mutating_arity(method: &str, args: usize) -> bool {
+    match method {
+        "take" => args == 0,
+        "set" => args >= 1,
+        "replace" => args == 1,
+        _ => true,
+    }
+}
 const RNG_CRATES: &[&str] = &["rand", "fastrand", "getrandom"];
 const RNG_METHODS: &[&str] = &[
     "gen",
@@ -559,6 +580,64 @@ fn root(e: &Expr) -> Root {
 /// a copy; an `Arc` cloned out of `self` is not followed).
 const ALIASING_METHODS: &[&str] = &["shallow_clone", "as_ref", "as_deref", "borrow", "deref"];
 
+/// How a local refers to a value from outside the segment, which decides the rules that
+/// follow it there.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AliasKind {
+    /// The value itself (moved in: `let mut v = outer;`) or `&mut place`: every rule.
+    Full,
+    /// A shared reference (`&place`, `.as_ref()`, `.borrow()`, `.deref()`, the parameter
+    /// of a closure given to a method of the value): in-place ops and interior
+    /// mutability reach the value; collection mutation changes only the local.
+    Shared,
+    /// A tensor handle (`.shallow_clone()`): only in-place ops (and `op=`) reach the
+    /// storage; anything else changes the local handle.
+    Handle,
+}
+
+impl AliasKind {
+    /// An alias of an alias: the narrower of the two.
+    fn then(self, next: AliasKind) -> AliasKind {
+        use AliasKind::*;
+        match (self, next) {
+            (Handle, _) | (_, Handle) => Handle,
+            (Shared, _) | (_, Shared) => Shared,
+            (Full, Full) => Full,
+        }
+    }
+}
+
+/// What a local aliases outside the segment.
+#[derive(Clone)]
+struct Alias {
+    root: Root,
+    kind: AliasKind,
+    /// The local is `mut`: a shared alias's `take()` / `replace(v)` / `swap` then change
+    /// the local (an `Option<&T>`), not the value.
+    mutable: bool,
+}
+
+/// Which side-effect rule asks whether a place is outside the segment.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    Inplace,
+    Interior,
+    Collection,
+    Assign,
+}
+
+impl Reach {
+    fn through(self, alias: &Alias, method: &str) -> bool {
+        match (self, alias.kind) {
+            (Reach::Inplace | Reach::Assign, _) | (_, AliasKind::Full) => true,
+            (Reach::Interior, AliasKind::Shared) => {
+                !(alias.mutable && ["take", "replace", "swap"].contains(&method))
+            }
+            _ => false,
+        }
+    }
+}
+
 impl Root {
     fn name(&self) -> Option<&str> {
         match self {
@@ -593,9 +672,9 @@ struct Walker<'c> {
     /// (`let s = &self.x;`, `let t = x.shallow_clone();`, `let u = x;`, the parameter of
     /// a closure given to a method of an outside value, `TL.with(|c| ..)`): the
     /// side-effect rules follow it there.
-    scopes: Vec<HashMap<String, Option<Root>>>,
+    scopes: Vec<HashMap<String, Option<Alias>>>,
     /// What the parameters of the closure about to be visited alias.
-    closure_alias: Option<Root>,
+    closure_alias: Option<Alias>,
     uses: Vec<(String, Span)>,
     seen: HashSet<String>,
     defs: Vec<Binding>,
@@ -687,29 +766,53 @@ impl<'c> Walker<'c> {
     }
 
     /// What the local `name` aliases outside the segment, if anything.
-    fn alias_of(&self, name: &str) -> Option<Root> {
+    fn alias_of(&self, name: &str) -> Option<Alias> {
         let scope = self.scopes.iter().rev().find(|s| s.contains_key(name))?;
         scope[name].clone()
     }
 
-    /// The outside value a place refers to: its root when that is outside the
-    /// segment, or what a local root aliases.
-    fn outside(&self, place: &Expr) -> Option<Root> {
-        match root(place) {
-            Root::Name(n) if self.is_local(&n) => self.alias_of(&n),
-            Root::Unknown => None,
-            r => Some(r),
+    /// Sets what the innermost local `name` aliases (after `name = ..`).
+    fn realias(&mut self, name: &str, alias: Option<Alias>) {
+        if let Some(scope) = self.scopes.iter_mut().rev().find(|s| s.contains_key(name)) {
+            scope.insert(name.to_string(), alias);
         }
     }
 
-    /// What a `let` initializer makes its binding alias: a reference to an outside
-    /// place, an aliasing method on one, or an outside value (or alias) moved in.
-    fn alias_target(&self, init: &Expr) -> Option<Root> {
-        match init {
-            // A field read (`let n = self.n;`) copies; other methods make new values.
-            Expr::Reference(_) | Expr::MethodCall(_) | Expr::Path(_) => self.outside(init),
-            _ => None,
+    /// The outside value a place refers to: its root when that is outside the segment
+    /// (the value itself), or what a local root aliases.
+    fn outside(&self, place: &Expr) -> Option<Alias> {
+        match root(place) {
+            Root::Name(n) if self.is_local(&n) => self.alias_of(&n),
+            Root::Unknown => None,
+            root => Some(Alias {
+                root,
+                kind: AliasKind::Full,
+                mutable: false,
+            }),
         }
+    }
+
+    /// What a value makes the local it is bound to alias: a reference to an outside
+    /// place, an aliasing method on one, or an outside value (or alias) moved in. A
+    /// field read (`let n = self.n;`) copies; other expressions make new values.
+    fn alias_target(&self, init: &Expr) -> Option<Alias> {
+        let (inner, kind) = match init {
+            Expr::Paren(p) => return self.alias_target(&p.expr),
+            Expr::Group(g) => return self.alias_target(&g.expr),
+            Expr::Path(_) => return self.outside(init),
+            Expr::Reference(r) if r.mutability.is_some() => (&*r.expr, AliasKind::Full),
+            Expr::Reference(r) => (&*r.expr, AliasKind::Shared),
+            Expr::MethodCall(m) if m.method == "shallow_clone" && m.args.is_empty() => {
+                (&*m.receiver, AliasKind::Handle)
+            }
+            Expr::MethodCall(_) if !matches!(root(init), Root::Unknown) => {
+                (init, AliasKind::Shared)
+            }
+            _ => return None,
+        };
+        let mut alias = self.outside(inner)?;
+        alias.kind = alias.kind.then(kind);
+        Some(alias)
     }
 
     /// Binds a `let` pattern in the innermost scope (or, `top`, in the group's), with
@@ -718,7 +821,13 @@ impl<'c> Walker<'c> {
         let alias = init.and_then(|e| self.alias_target(e));
         let mut bs = Vec::new();
         pat_bindings(pat, &mut bs);
-        let alias = if bs.len() == 1 { alias } else { None };
+        let alias = match (&bs[..], alias) {
+            ([b], Some(a)) => Some(Alias {
+                mutable: b.mutable,
+                ..a
+            }),
+            _ => None,
+        };
         let scope = if top {
             &mut self.scopes[0]
         } else {
@@ -732,18 +841,23 @@ impl<'c> Walker<'c> {
         }
     }
 
-    /// Whether a place is outside the segment (`self`, a parameter, an earlier binding, a
-    /// static, or a local that aliases one of those), as the name to report; `None` when
-    /// it cannot be told (a temporary). A bare local is followed to what it aliases only
-    /// with `follow_bare` (assigning to the local itself rebinds it; calling a method on
-    /// it reaches what it aliases). An outer binding found here is recorded as mutated.
-    fn outer_root(&mut self, e: &Expr, follow_bare: bool) -> Option<String> {
+    /// Whether a place is outside the segment for the rule `reach` (`self`, a
+    /// parameter, an earlier binding, a static, or a local that aliases one of those in
+    /// a way that rule follows), as the name to report; `None` when it is not, or cannot
+    /// be told (a temporary). A bare local is followed only for calls on it (`method`):
+    /// assigning to the local itself rebinds it. An outer binding found here is
+    /// recorded as mutated.
+    fn outer_root(&mut self, e: &Expr, reach: Reach, method: &str) -> Option<String> {
         let (target, via) = match root(e) {
             Root::Name(n) if self.is_local(&n) => {
-                if !follow_bare && matches!(e, Expr::Path(_)) {
+                if reach == Reach::Assign && matches!(e, Expr::Path(_)) {
                     return None;
                 }
-                (self.alias_of(&n)?, Some(n))
+                let alias = self.alias_of(&n)?;
+                if !reach.through(&alias, method) {
+                    return None;
+                }
+                (alias.root, Some(n))
             }
             Root::Unknown => return None,
             r => (r, None),
@@ -782,7 +896,7 @@ impl<'c> Walker<'c> {
         if !is_inplace_name(method) {
             return;
         }
-        if let Some(root) = self.outer_root(receiver, true) {
+        if let Some(root) = self.outer_root(receiver, Reach::Inplace, method) {
             let out_of_place = method.trim_end_matches('_');
             let message = format!(
                 "in-place `{method}` on `{root}`, which enters this checkpointed {segment} of `{f}`: the recompute in backward would see the modified value; use the out-of-place `{out_of_place}`, or lift the rule with `#[ckpt::allow(inplace)]` on the statement",
@@ -793,13 +907,23 @@ impl<'c> Walker<'c> {
         }
     }
 
-    fn check_mutation(&mut self, method: &str, receiver: &Expr, node: impl quote::ToTokens) {
-        let mutating = MUTATING_METHODS.contains(&method) || method.starts_with("fetch_");
+    fn check_mutation(
+        &mut self,
+        method: &str,
+        args: usize,
+        receiver: &Expr,
+        node: impl quote::ToTokens,
+    ) {
+        let interior = (INTERIOR_METHODS.contains(&method) || method.starts_with("fetch_"))
+            && mutating_arity(method, args);
+        let collection = COLLECTION_METHODS.contains(&method) && mutating_arity(method, args);
         let rng = RNG_METHODS.contains(&method);
-        if !mutating && !rng {
-            return;
-        }
-        let Some(root) = self.outer_root(receiver, true) else {
+        let reach = match (rng, interior, collection) {
+            (true, _, _) | (_, true, _) => Reach::Interior,
+            (_, _, true) => Reach::Collection,
+            _ => return,
+        };
+        let Some(root) = self.outer_root(receiver, reach, method) else {
             return;
         };
         if rng {
@@ -817,8 +941,62 @@ impl<'c> Walker<'c> {
         }
     }
 
-    fn check_assign(&mut self, target: &Expr, node: impl quote::ToTokens) {
-        if let Some(root) = self.outer_root(target, false) {
+    /// `h += x` with `h` a shallow clone of a tensor from outside: tch's `op=` on a
+    /// tensor is in place.
+    fn check_op_assign_on_handle(
+        &mut self,
+        target: &Expr,
+        op: &syn::BinOp,
+        node: impl quote::ToTokens,
+    ) {
+        let Expr::Path(p) = target else { return };
+        let Some(local) = p.path.get_ident().map(ToString::to_string) else {
+            return;
+        };
+        let Some(alias) = self
+            .alias_of(&local)
+            .filter(|a| a.kind == AliasKind::Handle)
+        else {
+            return;
+        };
+        let Some(root) = alias.root.name().map(str::to_string) else {
+            return;
+        };
+        if let Root::Name(n) = &alias.root
+            && !self.mutated.contains(n)
+        {
+            self.mutated.push(n.clone());
+        }
+        let op = quote::ToTokens::to_token_stream(op).to_string();
+        let message = format!(
+            "`{op}` on `{local}`, a shallow clone of `{root}`, which enters this checkpointed {segment} of `{f}`: on a tensor `{op}` is in place, so the recompute in backward would see the modified value; write `let {local} = &{local} {bin} ..` instead, or lift the rule with `#[ckpt::allow(inplace)]` on the statement",
+            segment = self.segment,
+            f = self.fn_name,
+            bin = op.trim_end_matches('='),
+        );
+        self.violation(Rule::Inplace, node, message);
+    }
+
+    /// `=` (`compound` false) or `op=` to a place.
+    fn check_assign(&mut self, target: &Expr, compound: bool, node: impl quote::ToTokens) {
+        if let Some(root) = self.outer_root(target, Reach::Assign, "") {
+            if compound && matches!(target, Expr::Path(_)) {
+                let message = format!(
+                    "compound assignment to `{root}`, a binding from before this checkpointed {segment}: the segment runs again in backward, so it must not change what it did not create (and on a tensor `op=` is in place, changing the stashed value itself); bind a new value with `let {root} = {root} + ..` (or the matching operator) instead, or lift the rule with `#[ckpt::allow(assign)]` for a number",
+                    segment = self.segment,
+                );
+                self.violation(Rule::Assign, node, message);
+                return;
+            }
+            if matches!(target, Expr::Path(_)) {
+                // `h = ..` on a binding from before the segment (a loop's accumulator).
+                let message = format!(
+                    "assignment to `{root}`, a binding from before this checkpointed {segment}: the segment runs again in backward, so it must not change what it did not create; bind a new value with `let {root} = ..` instead (for a loop, compute it in one statement: `let {root} = {{ let mut {root} = {root}; for .. {{ {root} = ..; }} {root} }};`, or `fold`), or lift the rule with `#[ckpt::allow(assign)]`, which is safe for a local `let mut` binding: the segment then takes it in and gives it back",
+                    segment = self.segment,
+                );
+                self.violation(Rule::Assign, node, message);
+                return;
+            }
             let message = format!(
                 "assignment to `{root}`, which is not bound inside this checkpointed {segment}: the segment runs again in backward, so the assignment would happen twice; bind a new value with `let` instead, or lift the rule with `#[ckpt::allow(assign)]`",
                 segment = self.segment,
@@ -1000,7 +1178,11 @@ impl<'ast> Visit<'ast> for Walker<'_> {
                 pat_bindings(input, &mut bs);
                 if let (Some(alias), [b]) = (&alias, &bs[..]) {
                     let scope = w.scopes.last_mut().expect("a scope");
-                    scope.insert(b.ident.to_string(), Some(alias.clone()));
+                    let alias = Alias {
+                        mutable: b.mutable,
+                        ..alias.clone()
+                    };
+                    scope.insert(b.ident.to_string(), Some(alias));
                 }
             }
             w.visit_expr(&e.body);
@@ -1130,8 +1312,18 @@ impl<'ast> Visit<'ast> for Walker<'_> {
     }
 
     fn visit_expr_assign(&mut self, e: &'ast syn::ExprAssign) {
-        self.check_assign(&e.left, e);
+        self.check_assign(&e.left, false, e);
         syn::visit::visit_expr_assign(self, e);
+        // `h = b.forward(&h)`: the local now holds what the right side aliases.
+        if let Expr::Path(p) = &*e.left
+            && let Some(id) = p.path.get_ident()
+            && self.is_local(&id.to_string())
+        {
+            let alias = self
+                .alias_target(&e.right)
+                .map(|a| Alias { mutable: true, ..a });
+            self.realias(&id.to_string(), alias);
+        }
     }
 
     fn visit_expr_binary(&mut self, e: &'ast syn::ExprBinary) {
@@ -1150,7 +1342,8 @@ impl<'ast> Visit<'ast> for Walker<'_> {
                 | ShrAssign(_)
         );
         if compound {
-            self.check_assign(&e.left, e);
+            self.check_assign(&e.left, true, e);
+            self.check_op_assign_on_handle(&e.left, &e.op, e);
         }
         syn::visit::visit_expr_binary(self, e);
     }
@@ -1158,10 +1351,14 @@ impl<'ast> Visit<'ast> for Walker<'_> {
     fn visit_expr_method_call(&mut self, e: &'ast syn::ExprMethodCall) {
         let method = e.method.to_string();
         self.check_inplace(&method, &e.receiver, e);
-        self.check_mutation(&method, &e.receiver, e);
+        self.check_mutation(&method, e.args.len(), &e.receiver, e);
         // A closure given to a method of an outside value (`TL.with(|c| ..)`,
         // `self.bias.as_ref().map(|b| ..)`) gets that value: its parameters alias it.
-        let outside = self.outside(&e.receiver);
+        let outside = self.outside(&e.receiver).map(|a| Alias {
+            kind: a.kind.then(AliasKind::Shared),
+            mutable: false,
+            ..a
+        });
         self.visit_expr(&e.receiver);
         for arg in &e.args {
             self.closure_alias = match arg {
@@ -1181,7 +1378,7 @@ impl<'ast> Visit<'ast> for Walker<'_> {
         {
             let method = last.ident.to_string();
             self.check_inplace(&method, first, e);
-            self.check_mutation(&method, first, e);
+            self.check_mutation(&method, e.args.len() - 1, first, e);
         }
         syn::visit::visit_expr_call(self, e);
     }

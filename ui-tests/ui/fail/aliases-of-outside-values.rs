@@ -49,4 +49,15 @@ fn owned(xs: Tensor) -> Tensor {
     ys.tanh()
 }
 
+#[checkpointed]
+fn op_assign_on_a_shallow_clone(xs: &Tensor) -> Tensor {
+    let ys = {
+        let mut h = xs.shallow_clone();
+        h += 1.0;
+        h.sin()
+    };
+    ckpt::cut!();
+    ys.tanh()
+}
+
 fn main() {}
