@@ -166,7 +166,7 @@ pub(crate) fn analyze<'a>(
         let mut walker = Walker::new(cx, checkpointed, label, &fn_name);
         walker.auto = auto;
         for stmt in &stmts[range.clone()] {
-            walker.walk_top_level(stmt);
+            walker.walk_stmt(stmt, true);
         }
         let mut walk = walker.finish();
         if let (true, true, Some(q)) = (auto, checkpointed, walk.fallible) {
@@ -862,11 +862,7 @@ impl<'c> Walker<'c> {
             Root::Unknown => return None,
             r => (r, None),
         };
-        if let Root::Name(n) = &target
-            && !self.mutated.contains(n)
-        {
-            self.mutated.push(n.clone());
-        }
+        self.record_mutated(&target);
         let name = target.name()?;
         Some(match via {
             Some(local) => format!("{name}` through `{local}"),
@@ -874,8 +870,18 @@ impl<'c> Walker<'c> {
         })
     }
 
-    /// A top-level statement of the group.
-    fn walk_top_level(&mut self, stmt: &Stmt) {
+    /// Records an outer binding the group changes (it is then moved in and rebound).
+    fn record_mutated(&mut self, root: &Root) {
+        if let Root::Name(n) = root
+            && !self.mutated.contains(n)
+        {
+            self.mutated.push(n.clone());
+        }
+    }
+
+    /// A statement; `top`: one of the group's own (not nested), whose bindings are the
+    /// group's definitions.
+    fn walk_stmt(&mut self, stmt: &Stmt, top: bool) {
         self.with_allow(&parse::stmt_attrs(stmt), |w| match stmt {
             Stmt::Local(local) => {
                 if let Some(init) = &local.init {
@@ -884,7 +890,7 @@ impl<'c> Walker<'c> {
                         w.visit_expr(diverge);
                     }
                 }
-                w.bind_let(&local.pat, local.init.as_ref().map(|i| &*i.expr), true);
+                w.bind_let(&local.pat, local.init.as_ref().map(|i| &*i.expr), top);
             }
             Stmt::Expr(e, _) => w.visit_expr(e),
             Stmt::Macro(m) => w.visit_macro(&m.mac),
@@ -962,11 +968,7 @@ impl<'c> Walker<'c> {
         let Some(root) = alias.root.name().map(str::to_string) else {
             return;
         };
-        if let Root::Name(n) = &alias.root
-            && !self.mutated.contains(n)
-        {
-            self.mutated.push(n.clone());
-        }
+        self.record_mutated(&alias.root);
         let op = quote::ToTokens::to_token_stream(op).to_string();
         let message = format!(
             "`{op}` on `{local}`, a shallow clone of `{root}`, which enters this checkpointed {segment} of `{f}`: on a tensor `{op}` is in place, so the recompute in backward would see the modified value; write `let {local} = &{local} {bin} ..` instead, or lift the rule with `#[ckpt::allow(inplace)]` on the statement",
@@ -1139,20 +1141,7 @@ impl<'ast> Visit<'ast> for Walker<'_> {
     }
 
     fn visit_stmt(&mut self, stmt: &'ast Stmt) {
-        self.with_allow(&parse::stmt_attrs(stmt), |w| match stmt {
-            Stmt::Local(local) => {
-                if let Some(init) = &local.init {
-                    w.visit_expr(&init.expr);
-                    if let Some((_, diverge)) = &init.diverge {
-                        w.visit_expr(diverge);
-                    }
-                }
-                w.bind_let(&local.pat, local.init.as_ref().map(|i| &*i.expr), false);
-            }
-            Stmt::Expr(e, _) => w.visit_expr(e),
-            Stmt::Macro(m) => w.visit_macro(&m.mac),
-            Stmt::Item(_) => {}
-        });
+        self.walk_stmt(stmt, false);
     }
 
     fn visit_item(&mut self, _: &'ast syn::Item) {
