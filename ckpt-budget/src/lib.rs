@@ -1,6 +1,12 @@
-//! The grammar of `ckpt`'s memory budgets, in one place for the runtime
-//! (`ckpt::plan::Budget`'s `FromStr`) and the macros (`budget = ".."`, checked at compile
-//! time): no dependencies, so the proc-macro crate can use it.
+//! Rules that `ckpt`'s runtime and its macros must apply identically, in one place: no
+//! dependencies, so the proc-macro crate can use it.
+//!
+//! - [`sequential_ranges`]: how `segments = N` groups a chain of stages (PyTorch's
+//!   `checkpoint_sequential`), for `checkpoint_sequential`, `model!` and
+//!   `#[checkpointed]` alike (the macro applies it at compile time when the number of
+//!   stages is known then, the runtime otherwise).
+//! - [`parse`]: the grammar of memory budgets (`ckpt::plan::Budget`'s `FromStr` at run
+//!   time, `budget = ".."` checked at compile time):
 //!
 //! - bytes with a unit: `"512 MiB"`, `"1.5GiB"`, `"64KiB"`, `"1000000 B"`; binary units
 //!   `KiB`, `MiB`, `GiB`, `TiB` (and the short `K`, `M`, `G`, `T`, also binary), decimal
@@ -8,6 +14,30 @@
 //!   fractional amounts are rounded down to whole bytes;
 //! - a fraction of the plain (unchecked) run's predicted peak: a bare number in `(0, 1]`
 //!   (`"0.4"`) or a percentage in `(0, 100]` (`"40%"`).
+
+use std::ops::Range;
+
+/// The groups of a chain of `len` stages cut into `segments` segments, as PyTorch's
+/// `torch.utils.checkpoint.checkpoint_sequential` makes them: every group but the last
+/// has `len / segments` stages, and the last takes the rest (it is the one that runs
+/// without checkpointing). `segments` is clamped to `1..=max(len, 1)`; `len = 0` gives one
+/// empty group.
+///
+/// ```
+/// # use ckpt_budget::sequential_ranges;
+/// assert_eq!(sequential_ranges(6, 3), vec![0..2, 2..4, 4..6]);
+/// assert_eq!(sequential_ranges(8, 3), vec![0..2, 2..4, 4..8]);
+/// assert_eq!(sequential_ranges(2, 5), vec![0..1, 1..2]);
+/// ```
+pub fn sequential_ranges(len: usize, segments: usize) -> Vec<Range<usize>> {
+    let segments = segments.clamp(1, len.max(1));
+    let size = len / segments;
+    let mut ranges: Vec<Range<usize>> = (0..segments - 1)
+        .map(|k| k * size..(k + 1) * size)
+        .collect();
+    ranges.push((segments - 1) * size..len);
+    ranges
+}
 
 /// A parsed budget.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -29,10 +29,10 @@ impl Target {
     fn rejects(self, value: usize) -> Option<&'static str> {
         match (self, value) {
             (Target::Function, 0) => Some(
-                "`segments = 0`: a function is cut into at least 2 segments (the last one runs inline, not checkpointed); use `segments = 2` or more",
+                "`segments = 0`: `segments = N` cuts a function into at least 2 segments (the last one runs inline, not checkpointed); use `segments = 2` or more, or `#[checkpointed]` without arguments to checkpoint the whole function as one segment",
             ),
             (Target::Function, 1) => Some(
-                "`segments = 1` would checkpoint nothing: the last segment runs inline, not checkpointed (as PyTorch's `checkpoint_sequential`); use `segments = 2` or more",
+                "`segments = 1` would checkpoint nothing: with `segments = N` the last segment runs inline, not checkpointed (as PyTorch's `checkpoint_sequential`); to checkpoint the whole function as one segment write `#[checkpointed]` without `segments`, or use `segments = 2` or more",
             ),
             (Target::Model, 0) => Some(
                 "`segments = 0`: the chain is cut into at least one segment; use `segments = 1` (nothing checkpointed) or more (every segment but the last is checkpointed)",
@@ -50,28 +50,49 @@ mod kw {
     syn::custom_keyword!(budget);
 }
 
+/// What the arguments say about the cuts, resolved once: every later stage (the
+/// function's layout, `model!`'s schedule) matches on this value.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) enum CutArg {
+    /// No `segments` and no `budget` key: on a function, the `ckpt::cut!()` markers of the
+    /// body decide, or (without markers) the whole function is one segment.
+    #[default]
+    Unspecified,
+    /// `segments = N`, with the span of `N`.
+    Segments(usize, Span),
+    /// `segments = auto` and/or `budget = ".."`: the planner chooses the cuts at run time,
+    /// with the span of `auto` or of the budget string.
+    Auto(Objective, Span),
+    /// A cut argument was written but is not usable (the error is in the `Ctxt`).
+    Invalid,
+}
+
 /// The arguments of `#[checkpointed(..)]`.
 #[derive(Debug, Default)]
 pub(crate) struct Args {
-    /// `segments = N`, with the span of `N`.
-    pub segments: Option<(usize, Span)>,
-    /// Whether a `segments` key was written (valid or not).
-    pub segments_given: bool,
-    /// `segments = auto` and/or `budget = ".."`: the planner chooses the cuts at run time,
-    /// with the span of `auto` or of the budget string.
-    pub auto: Option<(Objective, Span)>,
-    /// `segments = auto` was written (span of `auto`).
-    auto_kw: Option<Span>,
-    /// `budget = ".."` was written (valid or not).
-    pub budget_given: bool,
-    /// The parsed budget, with the span of its string.
-    budget: Option<(Objective, Span)>,
+    /// The cuts.
+    pub cut: CutArg,
     /// `preserve_rng_state = bool` (default `true`).
     pub preserve_rng_state: Option<bool>,
     /// `determinism_check = bool` (default `true`).
     pub determinism_check: Option<bool>,
     /// Span of the whole argument list (the macro call when there is none).
     pub span: Option<Span>,
+}
+
+/// The cut keys as written, before they are resolved into a [`CutArg`].
+#[derive(Default)]
+struct Written {
+    /// `segments = N` (valid).
+    segments: Option<(usize, Span)>,
+    /// A `segments` key was written (valid or not).
+    segments_key: bool,
+    /// `segments = auto` (span of `auto`).
+    auto: Option<Span>,
+    /// A `budget` key was written (valid or not).
+    budget_key: bool,
+    /// The parsed budget, with the span of its string.
+    budget: Option<(Objective, Span)>,
 }
 
 const VALID_KEYS: &str = "`segments = N`, `segments = auto`, `budget = \"..\"`, `preserve_rng_state = bool`, `determinism_check = bool`";
@@ -83,9 +104,10 @@ pub(crate) fn parse_args(tokens: TokenStream, target: Target, cx: &mut Ctxt) -> 
         span: (!tokens.is_empty()).then(|| tokens.span()),
         ..Args::default()
     };
+    let mut written = Written::default();
     let parser = |input: ParseStream| -> syn::Result<()> {
         while !input.is_empty() {
-            if let Err(e) = parse_one(input, &mut args, target, cx) {
+            if let Err(e) = parse_one(input, &mut args, &mut written, target, cx) {
                 cx.push(e);
                 skip_to_comma(input)?;
             }
@@ -105,18 +127,35 @@ pub(crate) fn parse_args(tokens: TokenStream, target: Target, cx: &mut Ctxt) -> 
     if let Err(e) = parser.parse2(tokens) {
         cx.push(e);
     }
-    match (&args.segments, args.budget, args.auto_kw) {
-        (Some(_), Some((_, span)), _) => cx.error_at(
-            span,
-            "`budget` chooses the cuts itself, so it cannot be combined with `segments = N`; remove `segments = N` (or write `segments = auto, budget = ..`)",
-        ),
-        (None, Some(budget), _) => args.auto = Some(budget),
-        (None, None, Some(span)) if !args.budget_given => {
-            args.auto = Some((Objective::MinPeak, span));
-        }
-        _ => {}
-    }
+    args.cut = resolve(&written, cx);
     args
+}
+
+/// Whether every cut key written has a usable value (a duplicate key is reported, and the
+/// first value is used).
+fn written_cut_is_clean(w: &Written) -> bool {
+    (!w.segments_key || w.segments.is_some() || w.auto.is_some())
+        && (!w.budget_key || w.budget.is_some())
+}
+
+/// One [`CutArg`] from the cut keys as written.
+fn resolve(w: &Written, cx: &mut Ctxt) -> CutArg {
+    if !written_cut_is_clean(w) {
+        return CutArg::Invalid;
+    }
+    match (w.segments, w.auto, w.budget) {
+        (Some(_), _, Some((_, span))) => {
+            cx.error_at(
+                span,
+                "`budget` chooses the cuts itself, so it cannot be combined with `segments = N`; remove `segments = N` (or write `segments = auto, budget = ..`)",
+            );
+            CutArg::Invalid
+        }
+        (Some((n, span)), _, None) => CutArg::Segments(n, span),
+        (None, _, Some((objective, span))) => CutArg::Auto(objective, span),
+        (None, Some(span), None) => CutArg::Auto(Objective::MinPeak, span),
+        (None, None, None) => CutArg::Unspecified,
+    }
 }
 
 fn skip_to_comma(input: ParseStream) -> syn::Result<()> {
@@ -137,20 +176,21 @@ fn skip_to_comma(input: ParseStream) -> syn::Result<()> {
 fn parse_one(
     input: ParseStream,
     args: &mut Args,
+    written: &mut Written,
     target: Target,
     cx: &mut Ctxt,
 ) -> syn::Result<()> {
     let lookahead = input.lookahead1();
     if lookahead.peek(kw::segments) {
         let key: kw::segments = input.parse()?;
-        let seen = std::mem::replace(&mut args.segments_given, true);
+        let seen = std::mem::replace(&mut written.segments_key, true);
         input.parse::<Token![=]>()?;
         if input.peek(kw::auto) {
             let auto: kw::auto = input.parse()?;
             if seen {
                 cx.error_spanned_by(key, "duplicate argument `segments`");
             } else {
-                args.auto_kw = Some(auto.span);
+                written.auto = Some(auto.span);
             }
             return Ok(());
         }
@@ -166,12 +206,12 @@ fn parse_one(
         } else if let Some(message) = target.rejects(value) {
             cx.error_spanned_by(&n, message);
         } else {
-            args.segments = Some((value, n.span()));
+            written.segments = Some((value, n.span()));
         }
         Ok(())
     } else if lookahead.peek(kw::budget) {
         let key: kw::budget = input.parse()?;
-        let seen = std::mem::replace(&mut args.budget_given, true);
+        let seen = std::mem::replace(&mut written.budget_key, true);
         input.parse::<Token![=]>()?;
         let lit: LitStr = input.parse().map_err(|e| {
             syn::Error::new(
@@ -184,7 +224,7 @@ fn parse_one(
             return Ok(());
         }
         match budget::parse(&lit.value()) {
-            Ok(objective) => args.budget = Some((objective, lit.span())),
+            Ok(objective) => written.budget = Some((objective, lit.span())),
             Err(message) => cx.error_spanned_by(&lit, message),
         }
         Ok(())

@@ -35,13 +35,7 @@ pub fn sequential_segments(len: usize, segments: usize) -> Result<Vec<Range<usiz
                 .into(),
         ));
     }
-    let segments = segments.min(len.max(1));
-    let size = len / segments;
-    let mut ranges: Vec<Range<usize>> = (0..segments - 1)
-        .map(|k| k * size..(k + 1) * size)
-        .collect();
-    ranges.push((segments - 1) * size..len);
-    Ok(ranges)
+    Ok(ckpt_budget::sequential_ranges(len, segments))
 }
 
 /// Runs `input` through `modules` in order, checkpointing all but the last of `segments`

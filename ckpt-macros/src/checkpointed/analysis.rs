@@ -17,6 +17,8 @@ use syn::spanned::Spanned;
 use syn::visit::Visit;
 use syn::{Expr, FnArg, Ident, Pat, Stmt, Token};
 
+use super::body::{self, Body, LoopKind, LoopUnit, Modules};
+use super::layout::{self, Layout};
 use super::parse::{self, ParamKind, Rule};
 use crate::args::Args;
 use crate::ctxt::Ctxt;
@@ -72,17 +74,33 @@ pub(crate) struct Group {
     pub captures: Vec<Ident>,
     /// The first `?` (or `bail!`/`ensure!`) that would leave the segment.
     pub fallible: Option<Span>,
+    /// Bindings from before the group that it changes (taken in and given back); a layer
+    /// loop's carried values, which its later iterations use.
+    pub carried: Vec<Binding>,
 }
 
 /// The result of the analysis.
-pub(crate) struct Plan<'a> {
-    /// The body's statements to cut (items and cut markers removed).
-    pub stmts: Vec<&'a Stmt>,
+pub(crate) struct Plan {
+    /// The body's statements to cut (items and cut markers removed, chains split where
+    /// the macro chooses the cuts).
+    pub stmts: Vec<Stmt>,
     /// Items of the body, hoisted before the segments (they are visible in the whole
     /// body anyway).
-    pub items: Vec<&'a Stmt>,
-    /// The groups; all but the last are checkpointed, the last runs inline.
+    pub items: Vec<Stmt>,
+    /// How the function is cut.
+    pub layout: Layout,
+    /// The groups (see [`Cut::ranges`](super::layout::Cut)).
     pub groups: Vec<Group>,
+    /// One entry per statement: the layer loop it is ([`Layout::Runtime`] only).
+    pub loops: Vec<Option<LoopUnit>>,
+    /// Per statement of a [`Layout::Runtime`] chain that is a `fold`: the bindings only
+    /// its initial value uses (they are inputs of its first iteration only).
+    pub init_only: Vec<Vec<usize>>,
+    /// Per statement of a [`Layout::Runtime`] chain that is a `fold`: the binding of its
+    /// accumulator (the name its `let` binds).
+    pub fold_accs: Vec<Option<Binding>>,
+    /// Whether the last statement counts as a stage for `segments = N`.
+    pub tail_counts: bool,
     /// The span of `self` in the receiver, for a `&self` method.
     pub self_span: Option<Span>,
     /// Module parameters captured by some checkpointed segment, in parameter order.
@@ -92,14 +110,13 @@ pub(crate) struct Plan<'a> {
     pub tail_uses: Vec<(Binding, Option<ParamKind>)>,
     /// The parameters, in order, with their kinds.
     pub params: Vec<(Binding, ParamKind)>,
+    /// Top-level `let` bindings that hold a reference (`let r = xs;` of a `&Tensor`
+    /// parameter, `let r = &h;`), by binding id, with how they cross a cut.
+    pub ref_lets: HashMap<usize, ParamKind>,
 }
 
 /// Analyzes `func`. Errors go to `cx`; `None` when the function cannot be cut at all.
-pub(crate) fn analyze<'a>(
-    func: &'a parse::Function,
-    args: &Args,
-    cx: &mut Ctxt,
-) -> Option<Plan<'a>> {
+pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Option<Plan> {
     let self_span = parse::check_signature(&func.sig, cx);
 
     // Parameters, in order.
@@ -115,36 +132,33 @@ pub(crate) fn analyze<'a>(
     for (id, (b, _)) in params.iter_mut().enumerate() {
         b.id = id;
     }
+    let module_params: Vec<String> = params
+        .iter()
+        .filter(|(_, k)| *k == ParamKind::Capture)
+        .map(|(b, _)| b.ident.to_string())
+        .collect();
 
-    // Statements: items are hoisted, cut markers split.
-    let mut stmts = Vec::new();
-    let mut items = Vec::new();
-    let mut cuts: Vec<(usize, Span)> = Vec::new();
-    for stmt in &func.block.stmts {
-        match stmt {
-            // A `macro_rules!` resolves the local names in its body where it is defined;
-            // hoisted above the segments it would see earlier bindings of those names.
-            Stmt::Item(syn::Item::Macro(m)) if m.mac.path.is_ident("macro_rules") => {
-                cx.error_spanned_by(
-                    &m.mac.path,
-                    "`macro_rules!` in the body of a `#[checkpointed]` function: items are moved before the segments, and a macro's local names would then refer to other bindings; define the macro outside the function",
-                );
-            }
-            Stmt::Item(_) => items.push(stmt),
-            _ if parse::as_cut_marker(stmt).is_some() => {
-                let mac = parse::as_cut_marker(stmt).expect("checked");
-                if !mac.tokens.is_empty() {
-                    cx.error_spanned_by(mac, "`ckpt::cut!()` takes no arguments");
-                }
-                cuts.push((stmts.len(), mac.span()));
-            }
-            Stmt::Expr(Expr::Verbatim(ts), _) if ts.is_empty() => {}
-            _ => stmts.push(stmt),
-        }
-    }
-
-    let ranges = make_groups(stmts.len(), args, &cuts, cx)?;
-    let count = ranges.len();
+    // Statements: items are hoisted, cut markers split; the layout decides whether
+    // chains and layer loops are cut.
+    let mut body = body::collect(&func.block, cx);
+    let cut = layout::resolve(
+        args,
+        &mut body,
+        &Modules {
+            params: &module_params,
+        },
+        cx,
+    )?;
+    let Body {
+        items,
+        stmts,
+        loops,
+        tail_counts,
+        ..
+    } = body;
+    let runtime = matches!(cut.layout, Layout::Runtime(_));
+    let whole = matches!(cut.layout, Layout::Whole);
+    let count = cut.ranges.len();
 
     // Walk each group: uses, definitions, side-effect rules.
     let mut bound: HashMap<String, (Binding, Option<ParamKind>)> = params
@@ -152,49 +166,84 @@ pub(crate) fn analyze<'a>(
         .map(|(b, k)| (b.ident.to_string(), (b.clone(), Some(*k))))
         .collect();
     let fn_name = func.sig.ident.to_string();
-    let auto = args.auto.is_some();
     let mut walks = Vec::with_capacity(count);
     let mut bound_before = Vec::with_capacity(count);
+    let mut ref_lets: HashMap<usize, ParamKind> = HashMap::new();
+    let mut init_only = vec![Vec::new(); stmts.len()];
+    let mut fold_accs = vec![None; stmts.len()];
     let mut next_id = params.len();
-    for (g, range) in ranges.iter().enumerate() {
-        let checkpointed = g + 1 < count;
-        let label = if auto {
-            format!("statement {} of {count}", g + 1)
-        } else {
-            format!("segment {} of {count}", g + 1)
+    for (g, range) in cut.ranges.iter().enumerate() {
+        let checkpointed = cut.checkpointed(g);
+        let label = match cut.layout {
+            Layout::Runtime(_) => format!("statement {} of {count}", g + 1),
+            Layout::Whole => "segment (the whole function)".to_owned(),
+            Layout::Static => format!("segment {} of {count}", g + 1),
         };
         let mut walker = Walker::new(cx, checkpointed, label, &fn_name);
-        walker.auto = auto;
+        walker.runtime = runtime;
+        walker.whole = whole;
+        walker.outer = bound.iter().map(|(n, (_, k))| (n.clone(), *k)).collect();
         for stmt in &stmts[range.clone()] {
             walker.walk_stmt(stmt, true);
         }
         let mut walk = walker.finish();
-        if let (true, true, Some(q)) = (auto, checkpointed, walk.fallible) {
+        if let (true, true, Some(q)) = (runtime, checkpointed, walk.fallible) {
             cx.error_at(
                 q,
                 format!(
-                    "`?` in statement {} of {count} of `{fn_name}`: with `segments = auto` (or `budget`) any statement but the last may be checkpointed, and the run-time cuts leave no segment to return the error from; move the `?` into the last statement, which runs inline, or use `segments = N` or `ckpt::cut!()` markers, which support `?`",
+                    "`?` in statement {} of {count} of `{fn_name}`: with `segments = auto`, `budget`, or `segments = N` over a layer loop, the cuts are chosen at run time and any statement but the last may be checkpointed, leaving no segment to return the error from; move the `?` into the last statement, which runs inline, or use `ckpt::cut!()` markers, which support `?`",
                     g + 1
                 ),
             );
         }
         if let (true, Some(q)) = (checkpointed, walk.fallible)
-            && !auto
+            && !runtime
             && returns_option(&func.sig)
         {
             cx.error_at(
                 q,
                 format!(
-                    "`?` on an `Option` in checkpointed segment {} of {count} of `{fn_name}`: a segment returns early with an error, which `Option` cannot carry; use `Result` (`.ok_or(..)?`), or move the `?` after the last cut (the last segment runs inline)",
-                    g + 1
+                    "`?` on an `Option` in checkpointed {} of `{fn_name}`: a segment returns early with an error, which `Option` cannot carry; use `Result` (`.ok_or(..)?`){}",
+                    if whole {
+                        "segment (the whole function)".to_owned()
+                    } else {
+                        format!("segment {} of {count}", g + 1)
+                    },
+                    if whole {
+                        ""
+                    } else {
+                        ", or move the `?` after the last cut (the last segment runs inline)"
+                    }
                 ),
             );
+        }
+        if runtime
+            && checkpointed
+            && let Some(unit) = &loops[g]
+        {
+            check_loop(unit, &bound, params.len(), &fn_name, cx);
+            if let LoopKind::Fold { init, .. } = &unit.kind {
+                init_only[g] = fold_init_only(unit, init, &bound);
+            }
         }
         bound_before.push(bound.clone());
         for b in &mut walk.defs {
             b.id = next_id;
             next_id += 1;
-            bound.insert(b.ident.to_string(), (b.clone(), None));
+            if let Some(Some(LoopUnit {
+                kind: LoopKind::Fold { name, .. },
+                ..
+            })) = loops.get(g)
+                && runtime
+                && name == &b.ident
+            {
+                fold_accs[g] = Some(b.clone());
+            }
+            let kind = walk.ref_defs.get(&b.ident.to_string()).copied();
+            if let Some(kind) = kind {
+                ref_lets.insert(b.id, kind);
+            }
+            bound.insert(b.ident.to_string(), (b.clone(), kind));
         }
         walks.push(walk);
     }
@@ -210,10 +259,10 @@ pub(crate) fn analyze<'a>(
 
     let mut groups = Vec::with_capacity(count);
     let mut captures: Vec<Ident> = Vec::new();
-    for (g, range) in ranges.into_iter().enumerate() {
+    for (g, range) in cut.ranges.iter().cloned().enumerate() {
         let walk = &walks[g];
         let live_out = &live_in[g + 1];
-        let checkpointed = g + 1 < count;
+        let checkpointed = cut.checkpointed(g);
         // Outer bindings (not parameters taken by reference) that the group assigns or
         // mutates are moved in and rebound after it, like a redefinition. So is every
         // outer `mut` binding the group uses and later code reads: a `mut` binding can be
@@ -246,6 +295,7 @@ pub(crate) fn analyze<'a>(
             uses_self: walk.uses.iter().any(|(n, _)| n == "self"),
             captures: Vec::new(),
             fallible: walk.fallible,
+            carried: mutated.clone(),
         };
         if checkpointed {
             for (name, span) in &walk.uses {
@@ -260,12 +310,21 @@ pub(crate) fn analyze<'a>(
                         }
                         continue;
                     }
-                    Some(ParamKind::RefMut) if auto => {
+                    Some(ParamKind::RefMut) if runtime => {
                         cx.error_at(
                             *span,
                             format!(
-                                "`&mut` parameter `{name}` in statement {} of {count}: with `segments = auto` (or `budget`) any statement but the last may be checkpointed, and a checkpointed statement runs again in backward, so it must not mutate what it did not create; use `{name}` in the last statement only, which runs inline, or pass `&{name}`",
+                                "`&mut` parameter `{name}` in statement {} of {count}: with `segments = auto`, `budget`, or `segments = N` over a layer loop, any statement but the last may be checkpointed, and a checkpointed statement runs again in backward, so it must not mutate what it did not create; use `{name}` in the last statement only, which runs inline, or pass `&{name}`",
                                 g + 1
+                            ),
+                        );
+                        continue;
+                    }
+                    Some(ParamKind::RefMut) if whole => {
+                        cx.error_at(
+                            *span,
+                            format!(
+                                "`&mut` parameter `{name}` cannot enter the checkpointed function: it runs again in backward and must not mutate what it did not create; pass `&{name}`, or use `segments = N` or `ckpt::cut!()` markers so that `{name}` is used in the last segment, which runs inline"
                             ),
                         );
                         continue;
@@ -324,110 +383,130 @@ pub(crate) fn analyze<'a>(
     cx.is_ok().then_some(Plan {
         stmts,
         items,
+        layout: cut.layout,
         groups,
+        loops: if runtime { loops } else { Vec::new() },
+        init_only,
+        fold_accs,
+        tail_counts,
         self_span,
         captures,
         tail_uses,
         params,
+        ref_lets,
     })
 }
 
-/// Splits `n` statements into groups: `segments = N` balanced by statement count, or at
-/// the cut markers (given as the index of the statement that follows each).
-fn make_groups(
-    n: usize,
-    args: &Args,
-    cuts: &[(usize, Span)],
+/// The checks of a layer loop whose iterations are cut at run time: its iterable is
+/// evaluated again in backward to re-derive an iteration's items, so it may use only
+/// `self` and the parameters; and a `break` would end the loop at a point the run-time
+/// cuts cannot know.
+fn check_loop(
+    unit: &LoopUnit,
+    bound: &HashMap<String, (Binding, Option<ParamKind>)>,
+    n_params: usize,
+    fn_name: &str,
     cx: &mut Ctxt,
-) -> Option<Vec<Range<usize>>> {
-    if let Some((_, auto_span)) = args.auto {
-        if let [(_, span), ..] = cuts {
+) {
+    for (name, span) in expr_uses(&unit.iter) {
+        // Parameters have the first ids; a `let` (shadowing one or not) comes after.
+        if bound.get(&name).is_some_and(|(b, _)| b.id >= n_params) {
             cx.error_at(
-                *span,
-                "`ckpt::cut!()` markers cannot be combined with `segments = auto` or `budget`, which choose the cuts at run time; remove the markers, or the argument",
-            );
-            return None;
-        }
-        if n < 2 {
-            cx.error_at(
-                auto_span,
+                span,
                 format!(
-                    "`segments = auto` (or `budget`) needs at least 2 statements: the statements but the last are the stages the planner cuts, the last runs inline; the body has {n}"
+                    "the iterable of the layer loop `{}` in `{fn_name}` uses `{name}`, a local binding: each iteration is a stage cut at run time, and the recompute in backward evaluates the iterable again to re-derive the iteration's items, so it may use only `self` and the function's parameters; iterate over `self.<field>` or a parameter directly (`for b in self.blocks.iter()`), or compute the count from them (`for i in 0..self.blocks.len()`)",
+                    unit.label
                 ),
             );
-            return None;
         }
-        return Some((0..n).map(|i| i..i + 1).collect());
     }
-    if args.budget_given {
-        return None; // a bad budget, or one with `segments = N`: reported while parsing
-    }
-    if let (true, [(_, span), ..]) = (args.segments_given, cuts) {
-        cx.error_at(
-            *span,
-            "`ckpt::cut!()` markers and `segments = N` cannot be combined: use `segments = N` for balanced segments, or markers alone",
-        );
-        return None;
-    }
-    match (args.segments, cuts) {
-        (Some((segments, span)), _) => {
-            if segments > n {
-                let fix = if n >= 2 {
-                    format!("use `segments = {n}` or fewer")
-                } else {
-                    "a function needs at least 2 statements to cut (one checkpointed, and the last, which runs inline); write the body as several `let` statements, or leave out the attribute".to_owned()
-                };
-                cx.error_at(
-                    span,
-                    format!(
-                        "`segments = {segments}` but the body has {n} statement{} to cut (items and cut markers do not count); {fix}",
-                        if n == 1 { "" } else { "s" },
-                    ),
-                );
-                return None;
-            }
-            Some(
-                (0..segments)
-                    .map(|g| g * n / segments..(g + 1) * n / segments)
-                    .collect(),
-            )
-        }
-        (None, []) if args.segments_given => None, // reported while parsing
-        (None, []) => {
+    if let LoopKind::For(f) = &unit.kind {
+        let mut finder = BreakFinder {
+            label: f.label.as_ref().map(|l| l.name.ident.to_string()),
+            depth: 0,
+            found: Vec::new(),
+        };
+        finder.visit_block(&f.body);
+        for span in finder.found {
             cx.error_at(
-                args.span.unwrap_or_else(Span::call_site),
-                "`#[checkpointed]` needs `segments = N` (balanced cuts), or `ckpt::cut!();` markers between the body's statements",
+                span,
+                format!(
+                    "`break` in the layer loop `{}` of `{fn_name}`: its iterations are stages cut at run time, which must know how many there are before the loop runs, and a `break` ends it at a point only the data knows; bound the iterations in the iterable instead (`.take(n)` with `n` from `self` or the parameters), or put `ckpt::cut!();` markers around the loop so that it runs whole inside one segment",
+                    unit.label
+                ),
             );
-            None
-        }
-        (None, cuts) => {
-            let mut ok = true;
-            let mut prev = 0;
-            for (i, (at, span)) in cuts.iter().enumerate() {
-                let what = if *at == 0 {
-                    Some("before the first statement, which leaves the first segment empty")
-                } else if *at == n {
-                    Some("after the last statement, which leaves the last segment empty")
-                } else if i > 0 && *at == prev {
-                    Some("right after another cut, with no statement between them")
-                } else {
-                    None
-                };
-                if let Some(what) = what {
-                    cx.error_at(*span, format!("`ckpt::cut!()` {what}; remove it"));
-                    ok = false;
-                }
-                prev = *at;
-            }
-            if !ok {
-                return None;
-            }
-            let mut bounds = vec![0];
-            bounds.extend(cuts.iter().map(|(at, _)| *at));
-            bounds.push(n);
-            Some(bounds.windows(2).map(|w| w[0]..w[1]).collect())
         }
     }
+}
+
+/// The free names an expression uses (outside any binding it makes itself).
+fn expr_uses(e: &Expr) -> Vec<(String, Span)> {
+    let mut cx = Ctxt::default();
+    let mut walker = Walker::new(&mut cx, false, String::new(), "");
+    walker.visit_expr(e);
+    walker.finish().uses
+}
+
+/// The bindings (by id) that only a `fold`'s initial value uses.
+fn fold_init_only(
+    unit: &LoopUnit,
+    init: &Expr,
+    bound: &HashMap<String, (Binding, Option<ParamKind>)>,
+) -> Vec<usize> {
+    let LoopKind::Fold { closure, .. } = &unit.kind else {
+        return Vec::new();
+    };
+    let rest: HashSet<String> = expr_uses(&unit.iter)
+        .into_iter()
+        .chain(expr_uses(closure))
+        .map(|(n, _)| n)
+        .collect();
+    expr_uses(init)
+        .into_iter()
+        .filter(|(n, _)| !rest.contains(n))
+        .filter_map(|(n, _)| bound.get(&n).map(|(b, _)| b.id))
+        .collect()
+}
+
+/// Finds the `break`s that leave a loop (unlabelled at its own level, or naming its
+/// label), outside nested loops and closures.
+struct BreakFinder {
+    label: Option<String>,
+    depth: usize,
+    found: Vec<Span>,
+}
+
+impl<'ast> Visit<'ast> for BreakFinder {
+    fn visit_expr_break(&mut self, e: &'ast syn::ExprBreak) {
+        let leaves = match &e.label {
+            Some(l) => self.label.as_deref() == Some(&*l.ident.to_string()),
+            None => self.depth == 0,
+        };
+        if leaves {
+            self.found.push(e.break_token.span);
+        }
+        syn::visit::visit_expr_break(self, e);
+    }
+    fn visit_expr_for_loop(&mut self, e: &'ast syn::ExprForLoop) {
+        self.visit_expr(&e.expr);
+        self.depth += 1;
+        self.visit_block(&e.body);
+        self.depth -= 1;
+    }
+    fn visit_expr_while(&mut self, e: &'ast syn::ExprWhile) {
+        self.visit_expr(&e.cond);
+        self.depth += 1;
+        self.visit_block(&e.body);
+        self.depth -= 1;
+    }
+    fn visit_expr_loop(&mut self, e: &'ast syn::ExprLoop) {
+        self.depth += 1;
+        self.visit_block(&e.body);
+        self.depth -= 1;
+    }
+    fn visit_expr_closure(&mut self, _: &'ast syn::ExprClosure) {}
+    fn visit_expr_async(&mut self, _: &'ast syn::ExprAsync) {}
+    fn visit_item(&mut self, _: &'ast syn::Item) {}
 }
 
 /// Adds the names a pattern binds to `out`.
@@ -468,9 +547,12 @@ struct Walk {
     defs: Vec<Binding>,
     /// The first `?` at the top level of the segment (not inside a closure).
     fallible: Option<Span>,
-    /// Outer bindings the group assigns or mutates (with an escape hatch, or in the
-    /// inline group): they leave the group as outputs, so the change is seen after it.
+    /// Outer bindings the group assigns or mutates (function-local values, or others with
+    /// an escape hatch or in the inline group): they leave the group as outputs, so the
+    /// change is seen after it.
     mutated: Vec<String>,
+    /// The last top-level definition of each name, when it holds a reference to data.
+    ref_defs: HashMap<String, ParamKind>,
 }
 
 const IO_MACROS: &[&str] = &[
@@ -686,8 +768,17 @@ struct Walker<'c> {
     closure_depth: usize,
     /// Enclosing loops and labeled blocks of the current closure level: (label, is_loop).
     loops: Vec<(Option<String>, bool)>,
-    /// `segments = auto`: every statement but the last is a stage (messages differ).
-    auto: bool,
+    /// The cuts are chosen at run time (`segments = auto`, `budget`, a layer loop): every
+    /// statement but the last is a stage (messages differ).
+    runtime: bool,
+    /// The whole function is the segment: `return` leaves it as it leaves the function.
+    whole: bool,
+    /// The bindings of the function defined before this group (parameters and top-level
+    /// `let`s), with the kind of the parameters and reference `let`s among them.
+    outer: HashMap<String, Option<ParamKind>>,
+    /// Top-level `let`s of this group that hold a reference to data, with how they
+    /// cross a cut (`let r = xs;` of a `&Tensor` parameter, `let r = &h;`).
+    ref_defs: HashMap<String, ParamKind>,
 }
 
 impl<'c> Walker<'c> {
@@ -707,7 +798,10 @@ impl<'c> Walker<'c> {
             allowed: Vec::new(),
             closure_depth: 0,
             loops: Vec::new(),
-            auto: false,
+            runtime: false,
+            whole: false,
+            outer: HashMap::new(),
+            ref_defs: HashMap::new(),
         }
     }
 
@@ -717,6 +811,56 @@ impl<'c> Walker<'c> {
             defs: self.defs,
             fallible: self.fallible,
             mutated: self.mutated,
+            ref_defs: self.ref_defs,
+        }
+    }
+
+    /// Whether `name` is a value of the function itself (a top-level `let` or a parameter
+    /// taken by value) from before this group: a segment takes it in through its stash and
+    /// gives it back, so assigning to it or mutating it as a collection inside is not a
+    /// side effect (the recompute starts again from the stashed value).
+    fn movable(&self, name: &str) -> bool {
+        !self.is_local(name) && matches!(self.outer.get(name), Some(None | Some(ParamKind::Owned)))
+    }
+
+    /// How a top-level `let name = init;` holds a reference to data that can cross a cut
+    /// as a shallow clone: an alias of a reference parameter or reference `let`
+    /// (`let residual = xs;`), or a shared reference to a value of the function
+    /// (`let residual = &xs;`).
+    fn ref_kind_of(&self, init: &Expr) -> Option<ParamKind> {
+        match init {
+            Expr::Paren(p) => self.ref_kind_of(&p.expr),
+            Expr::Path(p) if p.qself.is_none() => {
+                let name = p.path.get_ident()?.to_string();
+                if self.scopes[0].contains_key(&name) && self.scopes.len() == 1 {
+                    return self.ref_defs.get(&name).copied();
+                }
+                if self.is_local(&name) {
+                    return None;
+                }
+                match self.outer.get(&name)? {
+                    Some(k @ (ParamKind::RefData | ParamKind::RefSlice | ParamKind::RefStr)) => {
+                        Some(*k)
+                    }
+                    _ => None,
+                }
+            }
+            Expr::Reference(r) if r.mutability.is_none() => match &*r.expr {
+                Expr::Path(p) if p.qself.is_none() => {
+                    let name = p.path.get_ident()?.to_string();
+                    let own = (self.scopes[0].contains_key(&name)
+                        && self.scopes.len() == 1
+                        && !self.ref_defs.contains_key(&name))
+                        || (!self.is_local(&name)
+                            && matches!(
+                                self.outer.get(&name),
+                                Some(None | Some(ParamKind::Owned))
+                            ));
+                    (own && name != "self").then_some(ParamKind::RefData)
+                }
+                _ => None,
+            },
+            _ => None,
         }
     }
 
@@ -828,6 +972,18 @@ impl<'c> Walker<'c> {
             }),
             _ => None,
         };
+        if top {
+            let reference = match (&bs[..], init) {
+                ([b], Some(e)) if !b.mutable => self.ref_kind_of(e),
+                _ => None,
+            };
+            for b in &bs {
+                match reference {
+                    Some(kind) => self.ref_defs.insert(b.ident.to_string(), kind),
+                    None => self.ref_defs.remove(&b.ident.to_string()),
+                };
+            }
+        }
         let scope = if top {
             &mut self.scopes[0]
         } else {
@@ -848,6 +1004,12 @@ impl<'c> Walker<'c> {
     /// assigning to the local itself rebinds it. An outer binding found here is
     /// recorded as mutated.
     fn outer_root(&mut self, e: &Expr, reach: Reach, method: &str) -> Option<String> {
+        self.outer_root_of(e, reach, method).map(|(name, _)| name)
+    }
+
+    /// [`Walker::outer_root`], and whether the place is (a part of) a value of the function
+    /// that the segment takes in and gives back ([`Walker::movable`]).
+    fn outer_root_of(&mut self, e: &Expr, reach: Reach, method: &str) -> Option<(String, bool)> {
         let (target, via) = match root(e) {
             Root::Name(n) if self.is_local(&n) => {
                 if reach == Reach::Assign && matches!(e, Expr::Path(_)) {
@@ -863,11 +1025,13 @@ impl<'c> Walker<'c> {
             r => (r, None),
         };
         self.record_mutated(&target);
+        let movable = matches!(&target, Root::Name(n) if self.movable(n));
         let name = target.name()?;
-        Some(match via {
+        let name = match via {
             Some(local) => format!("{name}` through `{local}"),
             None => name.to_string(),
-        })
+        };
+        Some((name, movable))
     }
 
     /// Records an outer binding the group changes (it is then moved in and rebound).
@@ -929,9 +1093,14 @@ impl<'c> Walker<'c> {
             (_, _, true) => Reach::Collection,
             _ => return,
         };
-        let Some(root) = self.outer_root(receiver, reach, method) else {
+        let Some((root, movable)) = self.outer_root_of(receiver, reach, method) else {
             return;
         };
+        if movable && collection && !rng && !matches!(method, "set") {
+            // The segment's own copy of a function-local value (`skips.push(x)`,
+            // `state.take()`): it leaves the segment as an output.
+            return;
+        }
         if rng {
             let message = format!(
                 "`{method}` on `{root}` draws from a random generator outside libtorch: the recompute of {segment} in backward would draw different numbers (`preserve_rng_state` covers libtorch's generators only); use libtorch's random ops (`Tensor::rand`, `dropout`), or lift the rule with `#[ckpt::allow(rng)]`",
@@ -981,7 +1150,12 @@ impl<'c> Walker<'c> {
 
     /// `=` (`compound` false) or `op=` to a place.
     fn check_assign(&mut self, target: &Expr, compound: bool, node: impl quote::ToTokens) {
-        if let Some(root) = self.outer_root(target, Reach::Assign, "") {
+        if let Some((root, movable)) = self.outer_root_of(target, Reach::Assign, "") {
+            if movable && !compound {
+                // `x = block.forward(&x)`, `state.0 = ..` on a function-local value: the
+                // segment takes it in and gives it back (a loop's carried value).
+                return;
+            }
             if compound && matches!(target, Expr::Path(_)) {
                 let message = format!(
                     "compound assignment to `{root}`, a binding from before this checkpointed {segment}: the segment runs again in backward, so it must not change what it did not create (and on a tensor `op=` is in place, changing the stashed value itself); bind a new value with `let {root} = {root} + ..` (or the matching operator) instead, or lift the rule with `#[ckpt::allow(assign)]` for a number",
@@ -991,9 +1165,9 @@ impl<'c> Walker<'c> {
                 return;
             }
             if matches!(target, Expr::Path(_)) {
-                // `h = ..` on a binding from before the segment (a loop's accumulator).
+                // `xs = ..` on a parameter taken by reference (or a reference `let`).
                 let message = format!(
-                    "assignment to `{root}`, a binding from before this checkpointed {segment}: the segment runs again in backward, so it must not change what it did not create; bind a new value with `let {root} = ..` instead (for a loop, compute it in one statement: `let {root} = {{ let mut {root} = {root}; for .. {{ {root} = ..; }} {root} }};`, or `fold`), or lift the rule with `#[ckpt::allow(assign)]`, which is safe for a local `let mut` binding: the segment then takes it in and gives it back",
+                    "assignment to `{root}`, a reference from outside this checkpointed {segment}: the segment takes a copy of what it refers to, so the new value would not be seen after the segment; bind a new value with `let {root} = ..` instead, or lift the rule with `#[ckpt::allow(assign)]`",
                     segment = self.segment,
                 );
                 self.violation(Rule::Assign, node, message);
@@ -1023,9 +1197,9 @@ impl<'c> Walker<'c> {
     }
 
     fn control_flow(&mut self, node: impl quote::ToTokens, what: &str) {
-        if self.check && self.auto {
+        if self.check && self.runtime {
             let message = format!(
-                "{what} in {segment} of `{f}` would leave the statement's stage closure, not `{f}`: with `segments = auto` (or `budget`) any statement but the last may be checkpointed; move it into the last statement, which runs inline, or use `segments = N` or `ckpt::cut!()` markers",
+                "{what} in {segment} of `{f}` would leave the statement's stage closure, not `{f}`: with `segments = auto`, `budget`, or `segments = N` over a layer loop, any statement but the last may be checkpointed; move it into the last statement, which runs inline, or use `ckpt::cut!()` markers",
                 segment = self.segment,
                 f = self.fn_name,
             );
@@ -1077,7 +1251,9 @@ impl<'c> Walker<'c> {
                     );
                     self.violation(Rule::Unsafe, mac, message);
                 }
-                TokenTree::Ident(id) if id == "return" && self.closure_depth == 0 => {
+                TokenTree::Ident(id)
+                    if id == "return" && self.closure_depth == 0 && !self.whole =>
+                {
                     self.control_flow(mac, "`return` (inside a macro)");
                 }
                 TokenTree::Ident(id)
@@ -1276,7 +1452,8 @@ impl<'ast> Visit<'ast> for Walker<'_> {
     }
 
     fn visit_expr_return(&mut self, e: &'ast syn::ExprReturn) {
-        if self.closure_depth == 0 {
+        // The whole function is one closure: `return` leaves it with the function's value.
+        if self.closure_depth == 0 && !self.whole {
             self.control_flow(e, "`return`");
         }
         if let Some(x) = &e.expr {

@@ -1,5 +1,7 @@
-//! Code generation: each checkpointed group becomes a closure run through
-//! `::ckpt::__private::segment`; the last group stays inline.
+//! Code generation, by layout: the whole function as one closure run through
+//! `::ckpt::__private::segment`; fixed groups, each checkpointed one such a closure and the
+//! last inline; or units over an environment, cut at run time by
+//! `::ckpt::__private::run_stages`.
 //!
 //! Generated locals are named `__ckpt_*` with `Span::mixed_site()`, so they can neither
 //! clash with nor be seen by the user's code; the user's own bindings are rebound with
@@ -10,12 +12,13 @@ use proc_macro2::{Group, Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{Expr, Ident, Stmt};
+use syn::{Expr, Ident, Pat, Stmt};
 
 use super::analysis::{Binding, Group as SegmentGroup, Pass, Plan};
+use super::body::{self, LoopKind, LoopUnit};
+use super::layout::{Layout, Schedule};
 use super::parse::{self, Function, ParamKind};
 use crate::args::Args;
-use crate::budget::Objective;
 
 /// Tuples of the stash have at most this many elements; longer lists are nested.
 const MAX_TUPLE: usize = 12;
@@ -114,10 +117,17 @@ pub(crate) fn original(func: &Function) -> TokenStream {
 }
 
 /// The expanded function.
-pub(crate) fn expand(func: &Function, args: &Args, plan: &Plan<'_>) -> TokenStream {
-    if let Some((objective, _)) = args.auto {
-        return expand_auto(func, args, plan, objective);
+pub(crate) fn expand(func: &Function, args: &Args, plan: &Plan) -> TokenStream {
+    match plan.layout {
+        Layout::Whole => expand_whole(func, args, plan),
+        Layout::Static => expand_static(func, args, plan),
+        Layout::Runtime(schedule) => expand_runtime(func, args, plan, schedule),
     }
+}
+
+/// Groups fixed at compile time: each checkpointed group is a closure run through
+/// `::ckpt::__private::segment`; the last group stays inline.
+fn expand_static(func: &Function, args: &Args, plan: &Plan) -> TokenStream {
     let Function {
         attrs, vis, sig, ..
     } = func;
@@ -155,12 +165,67 @@ pub(crate) fn expand(func: &Function, args: &Args, plan: &Plan<'_>) -> TokenStre
     }
 }
 
+/// `#[checkpointed]` without cuts: the whole body is one checkpointed segment whose value
+/// is the function's (`return` leaves the closure with it, `?` leaves it with the error).
+fn expand_whole(func: &Function, args: &Args, plan: &Plan) -> TokenStream {
+    let Function {
+        attrs, vis, sig, ..
+    } = func;
+    let sig = &allow_unused_mut_params(sig);
+    let items = plan.items.iter().map(|s| emit_stmt(s, false));
+    let options = mixed("__ckpt_options");
+    let shared_self = mixed("__ckpt_shared_self");
+    let prelude = prelude(args, plan, &plan.groups, &options, &shared_self);
+    let group = &plan.groups[0];
+    let name = segment_name_tokens(func, plan, 0, 1, group);
+    let inputs = SegmentInputs::new(group);
+    let (clones, locks) = module_state(group.uses_self, &group.captures, &shared_self);
+    let body = plan.stmts.iter().map(|s| emit_stmt(s, true));
+    let SegmentInputs {
+        closure_param,
+        destructure,
+        rebinds,
+        value,
+    } = inputs;
+    let fallible = group.fallible.is_some() || returns_result(&func.sig);
+    let run = if fallible {
+        quote!(::ckpt::__private::segment_fallible)
+    } else {
+        quote!(::ckpt::__private::segment)
+    };
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            #(#items)*
+            #prelude
+            #(#clones)*
+            #run(&#options, #name, move |#closure_param| {
+                #destructure
+                #(#locks)*
+                #(#rebinds)*
+                #(#body)*
+            }, #value)
+        }
+    }
+}
+
+/// Whether the function is written to return `Result<..>` (syntactically).
+fn returns_result(sig: &syn::Signature) -> bool {
+    match &sig.output {
+        syn::ReturnType::Type(_, ty) => matches!(
+            &**ty,
+            syn::Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "Result")
+        ),
+        syn::ReturnType::Default => false,
+    }
+}
+
 /// The statements both expansions start with: the checkpoint options, and one shared
 /// shallow clone per call of `self` and of each module parameter (`capture`) when a
 /// checkpointed `group` uses them.
 fn prelude(
     args: &Args,
-    plan: &Plan<'_>,
+    plan: &Plan,
     groups: &[SegmentGroup],
     options: &Ident,
     shared_self: &Ident,
@@ -252,7 +317,7 @@ fn binding_pat(b: &Binding) -> TokenStream {
 
 /// `Some(short_type_name::<Self>())` for a method, `None` for a free function: the
 /// owner part of a segment's name.
-fn owner(plan: &Plan<'_>) -> TokenStream {
+fn owner(plan: &Plan) -> TokenStream {
     if plan.self_span.is_some() {
         quote!(::core::option::Option::Some(
             ::ckpt::__private::short_type_name::<Self>()
@@ -262,10 +327,136 @@ fn owner(plan: &Plan<'_>) -> TokenStream {
     }
 }
 
+/// The name of segment `g` of `count`: "`Type::method` segment 2 of 3 (src/model.rs:42)",
+/// built at run time from the owner's type name and the first statement's line.
+fn segment_name_tokens(
+    func: &Function,
+    plan: &Plan,
+    g: usize,
+    count: usize,
+    group: &SegmentGroup,
+) -> TokenStream {
+    let first_span = plan.stmts[group.stmts.clone()]
+        .first()
+        .map_or_else(Span::call_site, |s| s.span());
+    let fn_name = func.sig.ident.to_string();
+    let owner = owner(plan);
+    let index = g + 1;
+    let line = quote_spanned!(first_span=> ::core::line!());
+    quote! {
+        ::ckpt::__private::segment_name(#owner, #fn_name, #index, #count, ::core::file!(), #line)
+    }
+}
+
+/// What goes into a segment's stash and how it is rebound inside its closure.
+struct SegmentInputs {
+    /// The closure's parameter (`__ckpt_input`, or `_: ()` without inputs).
+    closure_param: TokenStream,
+    /// `let (a, mut b, ..) = __ckpt_input;`
+    destructure: TokenStream,
+    /// `let xs = &xs;` for the values that were references outside.
+    rebinds: Vec<TokenStream>,
+    /// The stash value: `(stash(a), dup(&b), ..)`.
+    value: TokenStream,
+}
+
+impl SegmentInputs {
+    fn new(group: &SegmentGroup) -> Self {
+        let mut in_exprs = Vec::new();
+        let mut in_pats = Vec::new();
+        let mut rebinds = Vec::new();
+        for input in &group.inputs {
+            let ident = &input.binding.ident;
+            let sp = ident.span();
+            let expr = match input.pass {
+                Pass::Move => quote_spanned!(sp=> ::ckpt::__private::stash(#ident)),
+                Pass::Dup => quote_spanned!(sp=> ::ckpt::__private::dup(&#ident)),
+                Pass::RefData => quote_spanned!(sp=> ::ckpt::__private::dup(#ident)),
+                Pass::RefSlice => quote_spanned!(sp=> ::ckpt::__private::slice_to_vec(#ident)),
+                Pass::RefStr => {
+                    quote_spanned!(sp=> ::ckpt::__private::stash(::std::string::String::from(#ident)))
+                }
+            };
+            in_exprs.push(expr);
+            in_pats.push(match input.pass {
+                Pass::Move | Pass::Dup => binding_pat(&input.binding),
+                _ => quote!(#ident),
+            });
+            match input.pass {
+                Pass::RefData => rebinds.push(quote!(let #ident = &#ident;)),
+                Pass::RefSlice => rebinds.push(quote!(let #ident: &[_] = &#ident;)),
+                Pass::RefStr => rebinds.push(quote!(let #ident: &str = &#ident;)),
+                Pass::Move | Pass::Dup => {}
+            }
+        }
+        let input = mixed("__ckpt_input");
+        let any_mut_in = group
+            .inputs
+            .iter()
+            .any(|i| i.binding.mutable && matches!(i.pass, Pass::Move | Pass::Dup));
+        let allow_mut_in = any_mut_in.then(|| quote!(#[allow(unused_mut)]));
+        let (closure_param, destructure) = if in_pats.is_empty() {
+            (quote!(_: ()), TokenStream::new())
+        } else {
+            let pat = nest(in_pats);
+            (quote!(#input), quote!(#allow_mut_in let #pat = #input;))
+        };
+        SegmentInputs {
+            closure_param,
+            destructure,
+            rebinds,
+            value: nest(in_exprs),
+        }
+    }
+}
+
+/// How a binding leaves a segment (or a stage, into its slot): by value, or, for a `let`
+/// that holds a reference to data, as a shallow clone (`dup`, `slice_to_vec`, an owned
+/// `String`) that is rebound as a reference afterwards.
+fn out_value(b: &Binding, plan: &Plan) -> TokenStream {
+    let ident = &b.ident;
+    let sp = ident.span();
+    match plan.ref_lets.get(&b.id) {
+        Some(ParamKind::RefSlice) => quote_spanned!(sp=> ::ckpt::__private::slice_to_vec(#ident)),
+        Some(ParamKind::RefStr) => {
+            quote_spanned!(sp=> ::ckpt::__private::stash(::std::string::String::from(#ident)))
+        }
+        Some(_) => quote_spanned!(sp=> ::ckpt::__private::dup(#ident)),
+        None => quote_spanned!(sp=> ::ckpt::__private::stash(#ident)),
+    }
+}
+
+/// The owner of the shallow clone a reference `let` is rebound to after a segment.
+fn owner_ident(b: &Binding) -> Ident {
+    format_ident!(
+        "__ckpt_own_{}",
+        b.ident.to_string().trim_start_matches("r#"),
+        span = Span::mixed_site().located_at(b.ident.span())
+    )
+}
+
+/// The pattern an output is received with, and, for a reference `let`, the statement
+/// that rebinds its name to the received owner.
+fn out_pattern(b: &Binding, plan: &Plan) -> (TokenStream, Option<TokenStream>) {
+    let ident = &b.ident;
+    match plan.ref_lets.get(&b.id) {
+        None => (binding_pat(b), None),
+        Some(kind) => {
+            let own = owner_ident(b);
+            let rebind = match kind {
+                ParamKind::RefSlice => quote!(let #ident: &[_] = &#own;),
+                ParamKind::RefStr => quote!(let #ident: &str = &#own;),
+                _ => quote!(let #ident = &#own;),
+            };
+            (quote!(#own), Some(rebind))
+        }
+    }
+}
+
 /// One checkpointed group.
 fn segment(
     func: &Function,
-    plan: &Plan<'_>,
+    plan: &Plan,
     g: usize,
     group: &SegmentGroup,
     options: &Ident,
@@ -273,72 +464,21 @@ fn segment(
 ) -> TokenStream {
     let count = plan.groups.len();
     let stmts = &plan.stmts[group.stmts.clone()];
-    let first_span = stmts.first().map_or_else(Span::call_site, |s| s.span());
-
-    // Segment name: "`Type::method` segment 2 of 3 (src/model.rs:42)".
-    let fn_name = func.sig.ident.to_string();
-    let owner = owner(plan);
-    let index = g + 1;
-    let line = quote_spanned!(first_span=> ::core::line!());
-    let name = quote! {
-        ::ckpt::__private::segment_name(#owner, #fn_name, #index, #count, ::core::file!(), #line)
-    };
-
-    // Inputs: what goes into the stash, and how it is rebound inside the closure.
-    let mut in_exprs = Vec::new();
-    let mut in_pats = Vec::new();
-    let mut rebinds = Vec::new();
-    for input in &group.inputs {
-        let ident = &input.binding.ident;
-        let sp = ident.span();
-        let expr = match input.pass {
-            Pass::Move => quote_spanned!(sp=> ::ckpt::__private::stash(#ident)),
-            Pass::Dup => quote_spanned!(sp=> ::ckpt::__private::dup(&#ident)),
-            Pass::RefData => quote_spanned!(sp=> ::ckpt::__private::dup(#ident)),
-            Pass::RefSlice => quote_spanned!(sp=> ::ckpt::__private::slice_to_vec(#ident)),
-            Pass::RefStr => {
-                quote_spanned!(sp=> ::ckpt::__private::stash(::std::string::String::from(#ident)))
-            }
-        };
-        in_exprs.push(expr);
-        in_pats.push(match input.pass {
-            Pass::Move | Pass::Dup => binding_pat(&input.binding),
-            _ => quote!(#ident),
-        });
-        match input.pass {
-            Pass::RefData => rebinds.push(quote!(let #ident = &#ident;)),
-            Pass::RefSlice => rebinds.push(quote!(let #ident: &[_] = &#ident;)),
-            Pass::RefStr => rebinds.push(quote!(let #ident: &str = &#ident;)),
-            Pass::Move | Pass::Dup => {}
-        }
-    }
-    let input = mixed("__ckpt_input");
-    let any_mut_in = group
-        .inputs
-        .iter()
-        .any(|i| i.binding.mutable && matches!(i.pass, Pass::Move | Pass::Dup));
-    let allow_mut_in = any_mut_in.then(|| quote!(#[allow(unused_mut)]));
-    let (closure_param, destructure) = if in_pats.is_empty() {
-        (quote!(_: ()), TokenStream::new())
-    } else {
-        let pat = nest(in_pats);
-        (quote!(#input), quote!(#allow_mut_in let #pat = #input;))
-    };
-    let input_value = nest(in_exprs);
+    let name = segment_name_tokens(func, plan, g, count, group);
+    let SegmentInputs {
+        closure_param,
+        destructure,
+        rebinds,
+        value: input_value,
+    } = SegmentInputs::new(group);
 
     // Module state: `self` and `&Module` parameters, one shared shallow clone per call.
     let (clones, locks) = module_state(group.uses_self, &group.captures, shared_self);
 
     // Outputs: bindings defined here and used later.
-    let out_exprs: Vec<TokenStream> = group
-        .outputs
-        .iter()
-        .map(|b| {
-            let ident = &b.ident;
-            quote_spanned!(ident.span()=> ::ckpt::__private::stash(#ident))
-        })
-        .collect();
-    let out_pats: Vec<TokenStream> = group.outputs.iter().map(binding_pat).collect();
+    let out_exprs: Vec<TokenStream> = group.outputs.iter().map(|b| out_value(b, plan)).collect();
+    let (out_pats, out_rebinds): (Vec<TokenStream>, Vec<Option<TokenStream>>) =
+        group.outputs.iter().map(|b| out_pattern(b, plan)).unzip();
     let has_outputs = !out_exprs.is_empty();
     // Without outputs the closure returns `()` by its last statement; a `()` written
     // after it would be clippy's `unused_unit` in the user's code.
@@ -390,12 +530,14 @@ fn segment(
             .iter()
             .any(|b| b.mutable)
             .then(|| quote!(#[allow(unused_mut)]));
+        let out_rebinds = out_rebinds.into_iter().flatten();
         quote! {
             #allow_mut
             let #pat = {
                 #(#clones)*
                 #call
             };
+            #(#out_rebinds)*
         }
     } else {
         quote! {
@@ -417,20 +559,24 @@ fn witness_at(slot: usize, at: Span) -> Ident {
     format_ident!("__ckpt_w{}", slot, span = Span::mixed_site().located_at(at))
 }
 
-/// `segments = auto` / `budget`: every statement but the last is a stage closure over a
-/// type-erased environment of slots (one per binding that a later statement uses);
-/// `::ckpt::__private::run_stages` cuts them at run time as the plan for the input says,
-/// and the last statement runs inline on what is left.
-fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objective) -> TokenStream {
+/// Cuts chosen at run time (`segments = auto`, `budget`, `segments = N` over a layer
+/// loop): every statement but the last is a unit closure over a type-erased environment
+/// of slots (one per binding that a later statement uses); a layer loop's closure runs a
+/// range of its iterations. `::ckpt::__private::run_stages` cuts the chain of stages at
+/// run time as the schedule says, and the last statement runs inline on what is left.
+fn expand_runtime(func: &Function, args: &Args, plan: &Plan, schedule: Schedule) -> TokenStream {
     let Function {
         attrs, vis, sig, ..
     } = func;
     let sig = &allow_unused_mut_params(sig);
     let stages = &plan.groups[..plan.groups.len() - 1];
     let n = stages.len();
+    let n_params = plan.params.len();
+    let is_param = |id: usize| id < n_params;
 
-    // Slots: the parameters that stages use (in parameter order), then the bindings that
-    // stages define and later statements use (in order of definition).
+    // Slots: the parameters that units use (in parameter order), then the bindings that
+    // units define and later statements use (in order of definition), and each `fold`'s
+    // accumulator (its later iterations take it back).
     let mut slot_of: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
     let mut param_slots: Vec<(usize, &Binding, ParamKind)> = Vec::new();
     for (b, kind) in &plan.params {
@@ -443,32 +589,52 @@ fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objecti
             param_slots.push((s, b, *kind));
         }
     }
-    for g in stages {
-        for b in &g.outputs {
+    let mut unit_outputs: Vec<Vec<Binding>> = Vec::with_capacity(n);
+    for (i, g) in stages.iter().enumerate() {
+        let mut outs = g.outputs.clone();
+        // A layer loop gives back what it carries (its later iterations, maybe in another
+        // segment, take it again), and a `fold` its accumulator.
+        let carried = plan.loops[i]
+            .is_some()
+            .then(|| g.carried.iter().cloned().chain(fold_acc(plan, i)))
+            .into_iter()
+            .flatten();
+        for b in carried.collect::<Vec<_>>() {
+            if !outs.iter().any(|o| o.id == b.id) {
+                outs.push(b);
+            }
+        }
+        for b in &outs {
             let next = slot_of.len();
             slot_of.entry(b.id).or_insert(next);
         }
+        unit_outputs.push(outs);
     }
     let slots = slot_of.len();
-    let kind_of = |id: usize| {
-        plan.params
-            .iter()
-            .find(|(b, _)| b.id == id)
-            .map(|(_, k)| *k)
+    let ref_kind = |id: usize| -> Option<ParamKind> {
+        match plan.params.iter().find(|(b, _)| b.id == id) {
+            Some((_, k)) => Some(*k),
+            None => plan.ref_lets.get(&id).copied(),
+        }
     };
 
-    // The last statement takes from the environment what stages defined, and the owned
-    // parameters that stages also used; other parameters are used as they are.
+    // The last statement takes from the environment what units defined, and the owned
+    // parameters that units also used; other parameters are used as they are.
     let tail_takes: Vec<(&Binding, usize)> = plan
         .tail_uses
         .iter()
         .filter_map(|(b, kind)| match kind {
-            None | Some(ParamKind::Owned) => slot_of.get(&b.id).map(|&s| (b, s)),
-            _ => None,
+            Some(ParamKind::Capture | ParamKind::RefMut) => None,
+            Some(ParamKind::RefData | ParamKind::RefSlice | ParamKind::RefStr)
+                if is_param(b.id) =>
+            {
+                None
+            }
+            _ => slot_of.get(&b.id).map(|&s| (b, s)),
         })
         .collect();
 
-    // Last use of each slot: a stage index, or `n` for the last statement.
+    // Last use of each slot: a unit index, or `n` for the last statement.
     let mut last_use = vec![None; slots];
     for (i, g) in stages.iter().enumerate() {
         for input in &g.inputs {
@@ -484,9 +650,20 @@ fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objecti
     let options = mixed("__ckpt_options");
     let env = mixed("__ckpt_env");
     let shared_self = mixed("__ckpt_shared_self");
+    let counts = mixed("__ckpt_counts");
     let prelude = prelude(args, plan, stages, &options, &shared_self);
 
-    // The parameters that stages use enter the environment.
+    // The iteration counts, from the iterables as written (they use only `self` and the
+    // parameters, which are still all here).
+    let count_exprs = (0..n).map(|i| match &plan.loops[i] {
+        Some(unit) => {
+            let iter = &unit.iter;
+            quote_spanned!(iter.span()=> ::ckpt::__private::iter_count(#iter))
+        }
+        None => quote!(1usize),
+    });
+
+    // The parameters that units use enter the environment.
     let puts = param_slots.iter().map(|(s, b, kind)| {
         let ident = &b.ident;
         let w = witness(*s);
@@ -516,22 +693,26 @@ fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objecti
         }
     });
 
-    // The stages.
+    // The units.
     let stage_env = mixed("__ckpt_env");
+    let range = mixed("__ckpt_range");
     let mut stage_defs = Vec::new();
     let mut stage_names = Vec::new();
-    let mut uses_table = Vec::new();
-    let mut defs_table = Vec::new();
+    let mut units_table = Vec::new();
     for (i, g) in stages.iter().enumerate() {
         let stage_ident = format_ident!("__ckpt_s{}", i, span = Span::mixed_site());
         stage_names.push(stage_ident.clone());
-        let out_slots: Vec<usize> = g.outputs.iter().map(|b| slot_of[&b.id]).collect();
+        let outs = &unit_outputs[i];
+        let out_slots: Vec<usize> = outs.iter().map(|b| slot_of[&b.id]).collect();
         let (clones, locks) = module_state(g.uses_self, &g.captures, &shared_self);
+        let init_only = &plan.init_only[i];
         let mut takes = Vec::new();
-        let mut in_slots = Vec::new();
+        let mut init_takes = Vec::new();
+        let mut first_slots = Vec::new();
+        let mut later_slots = Vec::new();
         for input in &g.inputs {
             let s = slot_of[&input.binding.id];
-            in_slots.push(s);
+            first_slots.push(s);
             let ident = &input.binding.ident;
             let w = witness_at(s, ident.span());
             let keep = last_use[s].is_some_and(|l| l > i) && !out_slots.contains(&s);
@@ -540,35 +721,60 @@ fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objecti
             // reported there (by `put`, and again here), not at the attribute.
             let take =
                 quote_spanned!(ident.span()=> ::ckpt::__private::take(#stage_env, #s, #w, #keep));
-            takes.push(match kind_of(input.binding.id) {
+            let stmt = match ref_kind(input.binding.id) {
                 Some(ParamKind::RefData) => quote!(let #ident = #take; let #ident = &#ident;),
                 Some(ParamKind::RefSlice) => {
                     quote!(let #ident = #take; let #ident: &[_] = &#ident;)
                 }
                 Some(ParamKind::RefStr) => quote!(let #ident = #take; let #ident: &str = &#ident;),
                 _ => quote!(#[allow(unused_mut, unused_variables)] let #pat = #take;),
-            });
+            };
+            if init_only.contains(&input.binding.id) {
+                init_takes.push(stmt);
+            } else {
+                later_slots.push(s);
+                takes.push(stmt);
+            }
         }
-        let mut_out = g.outputs.iter().any(|b| b.mutable);
-        let stmts = plan.stmts[g.stmts.clone()].iter().map(|s| {
+        let mut_out = outs.iter().any(|b| b.mutable);
+        let emit = |s: &Stmt| {
             let mut s = emit_stmt(s, true);
             match &mut s {
                 // A non-final expression statement without `;` (a block-like `if`,
-                // `for`): the stage's own tail follows it.
+                // `for`): the unit's own tail follows it.
                 Stmt::Expr(e, None) => s = Stmt::Expr(e.clone(), Some(Default::default())),
                 // A `let mut` that a later statement mutates: not mutated here.
                 Stmt::Local(l) if mut_out => l.attrs.push(syn::parse_quote!(#[allow(unused_mut)])),
                 _ => {}
             }
             s
-        });
-        let puts: Vec<TokenStream> = g
-            .outputs
+        };
+        let (body, looped) = match &plan.loops[i] {
+            None => {
+                let stmts = plan.stmts[g.stmts.clone()].iter().map(emit);
+                (quote!(#(#stmts)*), false)
+            }
+            Some(unit) => {
+                let acc = fold_acc(plan, i).map(|b| slot_of[&b.id]);
+                (
+                    loop_body(unit, &plan.stmts[i], &stage_env, &range, &init_takes, acc),
+                    true,
+                )
+            }
+        };
+        if let Some(acc) = fold_acc(plan, i) {
+            later_slots.push(slot_of[&acc.id]);
+        }
+        let puts: Vec<TokenStream> = outs
             .iter()
             .map(|b| {
                 let ident = &b.ident;
                 let s = slot_of[&b.id];
-                quote_spanned!(ident.span()=> ::ckpt::__private::put(#stage_env, #s, #ident))
+                let value = match plan.ref_lets.get(&b.id) {
+                    Some(_) => out_value(b, plan),
+                    None => quote!(#ident),
+                };
+                quote_spanned!(ident.span()=> ::ckpt::__private::put(#stage_env, #s, #value))
             })
             .collect();
         let witnesses: Vec<TokenStream> = out_slots
@@ -579,28 +785,49 @@ fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objecti
             })
             .collect();
         let (out_value, out_pat) = (nest(puts), nest(witnesses));
+        let range_param = if looped {
+            quote!(#range: ::core::ops::Range<usize>)
+        } else {
+            quote!(_: ::core::ops::Range<usize>)
+        };
         stage_defs.push(quote! {
             let (#stage_ident, #out_pat) = {
                 #(#clones)*
-                ::ckpt::__private::stage(move |#stage_env: &mut ::ckpt::__private::Env| {
+                ::ckpt::__private::stage(move |#stage_env: &mut ::ckpt::__private::Env, #range_param| {
                     #(#locks)*
                     #(#takes)*
-                    #(#stmts)*
+                    #body
                     #out_value
                 })
             };
         });
-        uses_table.push(quote!(&[#(#in_slots),*]));
-        defs_table.push(quote!(&[#(#out_slots),*]));
+        let name = unit_label(plan, i);
+        units_table.push(quote! {
+            ::ckpt::__private::Unit {
+                name: #name,
+                first_uses: &[#(#first_slots),*],
+                uses: &[#(#later_slots),*],
+                defs: &[#(#out_slots),*],
+                looped: #looped,
+            }
+        });
     }
 
     // The last statement.
     let tail_bind = tail_takes.iter().map(|(b, s)| {
         let w = witness_at(*s, b.ident.span());
-        let pat = binding_pat(b);
         let take =
             quote_spanned!(b.ident.span()=> ::ckpt::__private::take(&mut #env, #s, #w, false));
-        quote!(#[allow(unused_mut)] let #pat = #take;)
+        match plan.ref_lets.get(&b.id) {
+            Some(_) => {
+                let (own, rebind) = out_pattern(b, plan);
+                quote!(let #own = #take; #rebind)
+            }
+            None => {
+                let pat = binding_pat(b);
+                quote!(#[allow(unused_mut)] let #pat = #take;)
+            }
+        }
     });
     let tail_slots = tail_takes.iter().map(|(_, s)| *s);
     let last = &plan.groups[plan.groups.len() - 1];
@@ -619,7 +846,14 @@ fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objecti
     // The static lives in a block of its own: an item is not hygienic, and in the
     // function's scope it would collide with a user's `let` of the same name.
     let chain = mixed("__ckpt_chain");
-    let objective = objective.tokens();
+    let schedule = match schedule {
+        Schedule::Segments(k) => quote!(::ckpt::__private::ChainSchedule::Segments(#k)),
+        Schedule::Auto(objective) => {
+            let objective = objective.tokens();
+            quote!(::ckpt::__private::ChainSchedule::Auto(#objective))
+        }
+    };
+    let tail_counts = plan.tail_counts;
     quote! {
         #(#attrs)*
         #vis #sig {
@@ -630,13 +864,14 @@ fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objecti
                 static CHAIN: ::ckpt::__private::FnChain = ::ckpt::__private::FnChain::new(
                     #fn_name,
                     #slots,
-                    &[#(#uses_table),*],
-                    &[#(#defs_table),*],
+                    &[#(#units_table),*],
                     &[#(#tail_slots),*],
-                    #objective,
+                    #tail_counts,
+                    #schedule,
                 );
                 &CHAIN
             };
+            let #counts: [usize; #n] = [#(#count_exprs),*];
             #prelude
             #[allow(unused_mut)]
             let mut #env = ::ckpt::__private::Env::new(#slots);
@@ -649,10 +884,87 @@ fn expand_auto(func: &Function, args: &Args, plan: &Plan<'_>, objective: Objecti
                 ::core::file!(),
                 #line,
                 ::std::vec![#(#stage_names),*],
+                &#counts,
                 &mut #env,
             );
             #(#tail_bind)*
             #(#tail)*
         }
+    }
+}
+
+/// The accumulator of the `fold` that unit `i` is: the binding its `let` defines.
+fn fold_acc(plan: &Plan, i: usize) -> Option<Binding> {
+    plan.fold_accs.get(i).cloned().flatten()
+}
+
+/// The body of a layer loop's unit closure for the iterations `range` (a local of the
+/// closure): the `for` over `iter_range(ITER, range)`; or, for a `fold`, the accumulator
+/// taken back (or, at the first iteration, its initial value, with the takes only it
+/// needs) and folded over `iter_range(ITER, range)`.
+fn loop_body(
+    unit: &LoopUnit,
+    stmt: &Stmt,
+    env: &Ident,
+    range: &Ident,
+    init_takes: &[TokenStream],
+    acc_slot: Option<usize>,
+) -> TokenStream {
+    match &unit.kind {
+        LoopKind::For(_) => {
+            let Stmt::Expr(Expr::ForLoop(mut f), _) = emit_stmt(stmt, true) else {
+                unreachable!("a `for` unit is a `for` statement")
+            };
+            let iter = &f.expr;
+            *f.expr = syn::parse_quote!(::ckpt::__private::iter_range(#iter, #range));
+            quote!(#f)
+        }
+        LoopKind::Fold {
+            name,
+            init,
+            closure,
+            ..
+        } => {
+            let rewrite = |e: &Expr| {
+                let mut e = e.clone();
+                RewriteSelf.visit_expr_mut(&mut e);
+                e
+            };
+            let (init, closure, iter) = (rewrite(init), rewrite(closure), rewrite(&unit.iter));
+            let acc = acc_slot.expect("a fold's accumulator has a slot");
+            // The closure goes straight to `Iterator::fold`, which gives its parameters
+            // their types.
+            let first = mixed("__ckpt_first");
+            quote! {
+                let #first = #range.start == 0;
+                let #name = ::ckpt::__private::iter_range(#iter, #range).fold(
+                    if #first {
+                        #(#init_takes)*
+                        #init
+                    } else {
+                        ::ckpt::__private::take(#env, #acc, ::ckpt::__private::Witness::default(), false)
+                    },
+                    #closure,
+                );
+            }
+        }
+    }
+}
+
+/// A short source label of unit `i`, for segment names and `explain`.
+fn unit_label(plan: &Plan, i: usize) -> String {
+    if let Some(unit) = &plan.loops[i] {
+        return unit.label.clone();
+    }
+    match &plan.stmts[i] {
+        Stmt::Local(l) => match (&l.pat, &l.init) {
+            (Pat::Ident(p), Some(init)) if p.ident.to_string().starts_with("__ckpt_") => {
+                body::short_text(&init.expr, 60)
+            }
+            _ => body::short_text(&plan.stmts[i], 60)
+                .trim_end_matches(';')
+                .to_owned(),
+        },
+        stmt => body::short_text(stmt, 60).trim_end_matches(';').to_owned(),
     }
 }

@@ -1,8 +1,11 @@
-//! `#[checkpointed]`: parse (`parse.rs`) → analyze (`analysis.rs`: groups, liveness,
-//! side-effect rules) → expand (`expand.rs`).
+//! `#[checkpointed]`: parse (`parse.rs`) → body (`body.rs`: items, markers, method chains,
+//! layer loops) → layout (`layout.rs`: how the function is cut) → analyze
+//! (`analysis.rs`: liveness, side-effect rules) → expand (`expand.rs`).
 
 mod analysis;
+mod body;
 mod expand;
+mod layout;
 mod parse;
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use syn::spanned::Spanned;
 use syn::{Attribute, Meta};
 
 use super::ast::{Checkpoint, Segments};
-use crate::args::{self, Target};
+use crate::args::{self, CutArg, Target};
 use crate::ctxt::Ctxt;
 
 /// Whether `attr` is `#[checkpointed]` / `#[ckpt::checkpointed]`.
@@ -40,16 +40,17 @@ pub(crate) fn parse_checkpointed(attr: &Attribute, cx: &mut Ctxt) -> Option<Chec
     if let Err(e) = local.finish() {
         cx.push(e);
     }
-    let segments = match (args.segments, args.auto) {
-        (_, Some((objective, _))) => Segments::Auto(objective),
-        (Some((n, _)), None) => Segments::Fixed(n),
-        (None, None) => {
-            if !had_errors && !args.segments_given && !args.budget_given {
-                cx.error_spanned_by(
-                    attr,
-                    "`#[checkpointed]` on a `model!` needs `segments = N` (the number of segments the chain of stages is cut into; `segments = 1` checkpoints nothing), `segments = auto` (the planner chooses the cuts for the least peak memory) or `budget = \"..\"` (the least recompute within a memory budget)",
-                );
-            }
+    let segments = match args.cut {
+        CutArg::Auto(objective, _) => Segments::Auto(objective),
+        CutArg::Segments(n, _) => Segments::Fixed(n),
+        CutArg::Invalid => return None,
+        // An unknown key that was meant as the cut is reported already.
+        CutArg::Unspecified if had_errors => return None,
+        CutArg::Unspecified => {
+            cx.error_spanned_by(
+                attr,
+                "`#[checkpointed]` on a `model!` needs `segments = N` (the number of segments the chain of stages is cut into; `segments = 1` checkpoints nothing), `segments = auto` (the planner chooses the cuts for the least peak memory) or `budget = \"..\"` (the least recompute within a memory budget)",
+            );
             return None;
         }
     };

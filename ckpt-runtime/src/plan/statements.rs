@@ -1,6 +1,9 @@
-//! The run time of `#[checkpointed(segments = auto)]` and `#[checkpointed(budget = "..")]`
-//! functions: their statements as stages over a type-erased environment, profiled once
-//! per input and cut where the planner says.
+//! The run time of `#[checkpointed]` functions whose cuts are chosen at run time:
+//! `segments = auto`, `budget = ".."`, and `segments = N` over a body with a layer loop
+//! (whose number of iterations is only known then). Their statements are units over a
+//! type-erased environment; a layer loop is a unit with one stage per iteration; the
+//! chain of stages is cut as the schedule says (profiled once per input and planned for
+//! `auto` / `budget`, `ckpt_budget::sequential_ranges` for `segments = N`).
 //!
 //! # The design
 //!
@@ -27,11 +30,16 @@
 //! on its binding, as with `segments = N`, except that here every value that a later
 //! statement uses must be [`Stash`], since any statement boundary may become a cut.
 //!
-//! The environment's slots and the statements' uses and definitions are static tables
-//! ([`FnChain`]), from which the run time derives liveness, segment inputs and outputs;
-//! the plans are cached in the function's own `static`, per input (the shapes, dtypes and
-//! devices of the tensors in the arguments the stages use, and the values of those
-//! arguments whose type implements `Hash`, such as a `train: bool`).
+//! The environment's slots and the units' uses and definitions are static tables
+//! ([`FnChain`]); per call, with the number of iterations of each layer loop, the run
+//! time expands them to one entry per stage ([`Stages`]) and derives liveness, segment
+//! inputs and outputs from those. A loop unit is a closure over a range of its
+//! iterations: it re-derives the items of those iterations from its iterable (which the
+//! macro restricts to `self` and the parameters) with [`iter_range`], so a segment may
+//! start or end inside the loop. The plans are cached in the function's own `static`,
+//! per input (the shapes, dtypes and devices of the tensors in the arguments the stages
+//! use, the values of those arguments whose type implements `Hash`, such as a `train:
+//! bool`, and the iteration counts).
 
 use std::any::Any;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -43,7 +51,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use tch::{Device, Kind, Tensor};
 
 use super::profile::{self, StageFigures};
-use super::{Budget, ChainCost, Objective, Plan, StageCost};
+use super::{ChainCost, Objective, Plan, StageCost};
 use crate::checkpoint::CheckpointOptions;
 use crate::{CkptError, Stash, memory};
 
@@ -197,22 +205,38 @@ impl<T: ?Sized> ViaNoHash for &KeyProbe<'_, T> {
     }
 }
 
-/// A stage: one statement, on the environment.
-pub type StageFn = Box<dyn Fn(&mut Env) + Send + Sync>;
+/// A unit of the chain on the environment: a statement (called with `0..1`), or a layer
+/// loop called with a range of its iterations.
+pub type StageFn = Box<dyn Fn(&mut Env, Range<usize>) + Send + Sync>;
 
-/// Boxes a stage closure; returns the witnesses it returns (never calling it: witnesses
+/// Boxes a unit's closure; returns the witnesses it returns (never calling it: witnesses
 /// are only types).
 pub fn stage<W, F>(f: F) -> (StageFn, W)
 where
     W: Default,
-    F: Fn(&mut Env) -> W + Send + Sync + 'static,
+    F: Fn(&mut Env, Range<usize>) -> W + Send + Sync + 'static,
 {
     (
-        Box::new(move |env: &mut Env| {
-            let _ = f(env);
+        Box::new(move |env: &mut Env, range: Range<usize>| {
+            let _ = f(env, range);
         }),
         W::default(),
     )
+}
+
+/// The number of iterations of a layer loop: the length of its iterable.
+pub fn iter_count<I: IntoIterator>(iterable: I) -> usize {
+    iterable.into_iter().count()
+}
+
+/// The items of iterations `range` of a layer loop, re-derived from its iterable (a slice
+/// iterator skips in O(1)).
+pub fn iter_range<I: IntoIterator>(
+    iterable: I,
+    range: Range<usize>,
+) -> std::iter::Take<std::iter::Skip<I::IntoIter>> {
+    let len = range.end.saturating_sub(range.start);
+    iterable.into_iter().skip(range.start).take(len)
 }
 
 /// The key of a function's cached plan.
@@ -220,10 +244,11 @@ where
 struct FnKey {
     tensors: Vec<(Vec<i64>, Kind, Device)>,
     hashes: Vec<Option<u64>>,
+    counts: Vec<usize>,
 }
 
 impl FnKey {
-    fn new(env: &Env) -> FnKey {
+    fn new(env: &Env, counts: &[usize]) -> FnKey {
         FnKey {
             tensors: env
                 .tensors()
@@ -236,6 +261,7 @@ impl FnKey {
                 })
                 .collect(),
             hashes: env.hashes.clone(),
+            counts: counts.to_vec(),
         }
     }
 
@@ -247,12 +273,6 @@ impl FnKey {
             .collect();
         format!("[{}]", shapes.join(", "))
     }
-}
-
-/// Liveness tables derived once from a chain's statements.
-struct Liveness {
-    /// `used_from[b][s]`: slot `s` is used by a stage `>= b` or by the last statement.
-    used_from: Vec<Vec<bool>>,
 }
 
 /// How many plans a `#[checkpointed(segments = auto)]` function keeps (one per input);
@@ -294,88 +314,97 @@ impl PlanCache {
     }
 }
 
-/// The static description of a `#[checkpointed(segments = auto)]` function, generated
-/// as a `static` in its body: its name, its stages' uses and definitions by slot, the
-/// slots the last statement takes, the objective, and the plans cached per input.
+/// One unit of a function's chain: a statement, or a layer loop (one stage per
+/// iteration), with the slots it uses and defines.
+#[derive(Debug)]
+pub struct Unit {
+    /// A short source label: `let h = self.l1.forward(xs)`, `for b in self.blocks.iter()`.
+    pub name: &'static str,
+    /// Slots the unit's first iteration (a statement's only one) uses.
+    pub first_uses: &'static [usize],
+    /// Slots every later iteration uses (a `fold` also uses its own accumulator there).
+    pub uses: &'static [usize],
+    /// Slots it defines.
+    pub defs: &'static [usize],
+    /// A layer loop (its count comes from the call), not a statement.
+    pub looped: bool,
+}
+
+/// How a function's chain is cut.
+#[derive(Debug, Clone, Copy)]
+pub enum ChainSchedule {
+    /// `segments = N`: [`crate::sequential_segments`] over the stages counted at run time
+    /// (with the last statement, when it counts).
+    Segments(usize),
+    /// `segments = auto` / `budget`: the planner's cuts for this objective.
+    Auto(Objective),
+}
+
+/// The static description of a `#[checkpointed]` function whose cuts are chosen at run
+/// time, generated as a `static` in its body: its name, its units and their slots, the
+/// slots the last statement takes, the schedule, and the plans cached per input.
 pub struct FnChain {
     name: &'static str,
     slots: usize,
-    uses: &'static [&'static [usize]],
-    defs: &'static [&'static [usize]],
+    units: &'static [Unit],
     tail: &'static [usize],
-    objective: Objective,
-    liveness: OnceLock<Liveness>,
+    tail_counts: bool,
+    schedule: ChainSchedule,
     plans: OnceLock<Mutex<PlanCache>>,
     /// `Type::method (file:line)`, set by the first plan.
     display: OnceLock<String>,
 }
 
-impl FnChain {
-    /// A chain of `uses.len()` stages over `slots` slots.
-    pub const fn new(
-        name: &'static str,
-        slots: usize,
-        uses: &'static [&'static [usize]],
-        defs: &'static [&'static [usize]],
-        tail: &'static [usize],
-        objective: Objective,
-    ) -> FnChain {
-        FnChain {
-            name,
-            slots,
+/// A chain expanded for one call: one entry per stage.
+struct Stages {
+    /// Per stage: its unit and its iteration.
+    at: Vec<(usize, usize)>,
+    /// Per stage: the slots it uses and defines.
+    uses: Vec<&'static [usize]>,
+    defs: Vec<&'static [usize]>,
+    /// `used_from[b][s]`: slot `s` is used by a stage `>= b` or by the last statement.
+    used_from: Vec<Vec<bool>>,
+}
+
+impl Stages {
+    fn new(chain: &FnChain, counts: &[usize]) -> Stages {
+        let mut at = Vec::new();
+        let mut uses = Vec::new();
+        let mut defs = Vec::new();
+        for (u, unit) in chain.units.iter().enumerate() {
+            for i in 0..counts[u] {
+                at.push((u, i));
+                uses.push(if i == 0 { unit.first_uses } else { unit.uses });
+                defs.push(unit.defs);
+            }
+        }
+        let n = at.len();
+        let mut used_from = vec![vec![false; chain.slots]; n + 1];
+        for &s in chain.tail {
+            used_from[n][s] = true;
+        }
+        for b in (0..n).rev() {
+            used_from[b] = used_from[b + 1].clone();
+            for &s in uses[b] {
+                used_from[b][s] = true;
+            }
+        }
+        Stages {
+            at,
             uses,
             defs,
-            tail,
-            objective,
-            liveness: OnceLock::new(),
-            plans: OnceLock::new(),
-            display: OnceLock::new(),
+            used_from,
         }
     }
 
-    /// A budget objective (a `const` helper for the generated `static`).
-    pub const fn budget_bytes(bytes: u64) -> Objective {
-        Objective::Budget(Budget::Bytes(bytes))
-    }
-
-    /// A budget objective as a fraction of the plain run's predicted peak.
-    pub const fn budget_fraction(fraction: f64) -> Objective {
-        Objective::Budget(Budget::FractionOfPlain(fraction))
-    }
-
     fn len(&self) -> usize {
-        self.uses.len()
-    }
-
-    fn liveness(&self) -> &Liveness {
-        self.liveness.get_or_init(|| {
-            let n = self.len();
-            let mut used_from = vec![vec![false; self.slots]; n + 1];
-            for &s in self.tail {
-                used_from[n][s] = true;
-            }
-            for b in (0..n).rev() {
-                used_from[b] = used_from[b + 1].clone();
-                for &s in self.uses[b] {
-                    used_from[b][s] = true;
-                }
-            }
-            Liveness { used_from }
-        })
-    }
-
-    fn plans(&'static self) -> MutexGuard<'static, PlanCache> {
-        let plans = self.plans.get_or_init(|| {
-            lock(&REGISTRY).push(self);
-            Mutex::default()
-        });
-        lock(plans)
+        self.at.len()
     }
 
     /// The slots a segment `a..b` takes in (with whether each is also needed after `b`)
     /// and gives out.
     fn boundary(&self, range: &Range<usize>) -> (Vec<(usize, bool)>, Vec<usize>) {
-        let live_after = &self.liveness().used_from[range.end];
+        let live_after = &self.used_from[range.end];
         let mut defined = HashSet::new();
         let mut inputs = Vec::new();
         let mut seen = HashSet::new();
@@ -395,6 +424,109 @@ impl FnChain {
         outputs.sort_unstable();
         (inputs, outputs)
     }
+
+    /// The units and iteration ranges that make up the stages `range`, in order.
+    fn pieces(&self, range: &Range<usize>) -> Vec<(usize, Range<usize>)> {
+        let mut out: Vec<(usize, Range<usize>)> = Vec::new();
+        for &(u, i) in &self.at[range.clone()] {
+            match out.last_mut() {
+                Some((last, r)) if *last == u && r.end == i => r.end = i + 1,
+                _ => out.push((u, i..i + 1)),
+            }
+        }
+        out
+    }
+
+    /// The name of stage `s`: its unit's, with the iteration for a loop.
+    fn name(&self, chain: &FnChain, s: usize) -> String {
+        let (u, i) = self.at[s];
+        let unit = &chain.units[u];
+        if unit.looped {
+            format!("`{}` iteration {i}", unit.name)
+        } else {
+            format!("`{}`", unit.name)
+        }
+    }
+}
+
+impl FnChain {
+    /// A chain of `units` over `slots` slots.
+    pub const fn new(
+        name: &'static str,
+        slots: usize,
+        units: &'static [Unit],
+        tail: &'static [usize],
+        tail_counts: bool,
+        schedule: ChainSchedule,
+    ) -> FnChain {
+        FnChain {
+            name,
+            slots,
+            units,
+            tail,
+            tail_counts,
+            schedule,
+            plans: OnceLock::new(),
+            display: OnceLock::new(),
+        }
+    }
+
+    fn plans(&'static self) -> MutexGuard<'static, PlanCache> {
+        let plans = self.plans.get_or_init(|| {
+            lock(&REGISTRY).push(self);
+            Mutex::default()
+        });
+        lock(plans)
+    }
+
+    /// The segments of this call, as ranges of stages (the last runs inline, and the last
+    /// statement after it); `None` runs every stage inline.
+    fn ranges(
+        &'static self,
+        options: &CheckpointOptions,
+        stages: &Stages,
+        fns: &[StageFn],
+        counts: &[usize],
+        env: &Env,
+        what: &str,
+    ) -> Option<Vec<Range<usize>>> {
+        if !crate::ffi::grad_enabled() {
+            return None;
+        }
+        let n = stages.len();
+        match self.schedule {
+            ChainSchedule::Segments(segments) => {
+                let with_tail = n + usize::from(self.tail_counts);
+                let mut ranges = crate::sequential_segments(with_tail, segments)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                if self.tail_counts {
+                    // The last statement is the last stage of the last segment; it runs
+                    // after the chain.
+                    let last = ranges.last_mut().expect("at least one range");
+                    last.end -= 1;
+                }
+                Some(ranges)
+            }
+            ChainSchedule::Auto(objective) => {
+                let key = FnKey::new(env, counts);
+                let cached = self.plans().get(&key).cloned();
+                let plan = match cached {
+                    Some(p) => p,
+                    None if crate::ffi::is_recomputing() => return None,
+                    None => {
+                        let made = profile_env(self, stages, options, fns, env)
+                            .and_then(|costs| costs.plan(&objective));
+                        let plan = made.unwrap_or_else(|e| panic!("{what}: {e}"));
+                        self.display.get_or_init(|| what.to_owned());
+                        self.plans().insert(key, plan.clone());
+                        plan
+                    }
+                };
+                debug_assert_eq!(plan.len(), n);
+                Some(plan.ranges())
+            }
+        }
+    }
 }
 
 /// Every chain that has planned, for [`function_plans`].
@@ -408,7 +540,8 @@ pub struct FunctionPlan {
     pub function: String,
     /// The input it was made for: shapes, dtypes and devices of the argument tensors.
     pub input: String,
-    /// The plan; its stages are the function's statements but the last.
+    /// The plan; its stages are the function's statements but the last, a layer loop
+    /// counting one stage per iteration.
     pub plan: Plan,
 }
 
@@ -485,117 +618,106 @@ impl Stash for Slots {
     }
 }
 
-/// Runs the stages of `chain` on `env`, cut as the plan for this input says (profiling
-/// and planning on the first training call for it): every segment but the last through
-/// a checkpoint, the last inline. Without grad, or inside a recompute when no plan is
-/// cached, all stages run inline.
+/// Runs the units of `chain` on `env` (`counts`: the number of iterations of each, 1 for a
+/// statement), cut as the schedule says for this call: every segment but the last through
+/// a checkpoint, the last inline. For `segments = auto` / `budget`, the first training
+/// call for an input profiles and plans; without grad, or inside a recompute when no plan
+/// is cached, every stage runs inline.
 ///
 /// # Panics
 ///
 /// When planning fails (an impossible budget: the message states the smallest feasible
 /// one) or a checkpointed segment fails in forward, with the error's message (tch's
 /// convention for calls that do not return `Result`).
+#[allow(clippy::too_many_arguments)]
 pub fn run_stages(
     chain: &'static FnChain,
     options: &CheckpointOptions,
     owner: Option<String>,
     file: &'static str,
     line: u32,
-    stages: Vec<StageFn>,
+    fns: Vec<StageFn>,
+    counts: &[usize],
     env: &mut Env,
 ) {
-    assert_eq!(stages.len(), chain.len(), "ckpt: one stage per statement");
+    assert_eq!(fns.len(), chain.units.len(), "ckpt: one closure per unit");
+    assert_eq!(counts.len(), chain.units.len(), "ckpt: one count per unit");
     let name = match owner {
         Some(owner) => format!("{owner}::{}", chain.name),
         None => chain.name.to_owned(),
     };
     let location = format!("{file}:{line}");
-    let plan = if crate::ffi::grad_enabled() {
-        let key = FnKey::new(env);
-        let cached = chain.plans().get(&key).cloned();
-        match cached {
-            Some(p) => Some(p),
-            None if crate::ffi::is_recomputing() => None,
-            None => {
-                let made = profile_env(chain, options, &stages, env)
-                    .and_then(|costs| costs.plan(&chain.objective));
-                let plan = made.unwrap_or_else(|e| panic!("{name} ({location}): {e}"));
-                chain.display.get_or_init(|| format!("{name} ({location})"));
-                chain.plans().insert(key, plan.clone());
-                Some(plan)
-            }
-        }
-    } else {
-        None
-    };
-    let ranges = match &plan {
-        Some(p) => p.ranges(),
-        None => std::iter::once(0..stages.len()).collect(),
-    };
+    let what = format!("{name} ({location})");
+    let stages = Stages::new(chain, counts);
+    let ranges = chain
+        .ranges(options, &stages, &fns, counts, env, &what)
+        .unwrap_or_else(|| std::iter::once(0..stages.len()).collect());
     let (last, checkpointed) = ranges.split_last().expect("at least one range");
-    if !checkpointed.is_empty() {
-        let stages: Arc<[StageFn]> = stages.into();
-        let count = ranges.len();
-        for (k, range) in checkpointed.iter().enumerate() {
-            let (inputs, outputs) = chain.boundary(range);
-            let input = Slots(
-                inputs
-                    .iter()
-                    .map(|&(s, keep)| {
-                        let slot = if keep {
-                            env.slots[s].as_ref().map(Slot::dup)
-                        } else {
-                            env.slots[s].take()
-                        };
-                        (
-                            s,
-                            slot.expect("ckpt: a segment input is in the environment"),
-                        )
-                    })
-                    .collect(),
-            );
-            let seg_name = format!(
-                "{name} segment {} of {count}: statements {}..{} ({location})",
-                k + 1,
-                range.start + 1,
-                range.end + 1,
-            );
-            let (stages, range, slots) = (Arc::clone(&stages), range.clone(), chain.slots);
-            let outputs_in = outputs.clone();
-            let out: Slots = crate::macro_support::segment(
-                options,
-                seg_name,
-                move |input: Slots| {
-                    let mut local = Env::new(slots);
-                    for (s, slot) in input.0 {
-                        local.slots[s] = Some(slot);
-                    }
-                    for i in range.clone() {
-                        stages[i](&mut local);
-                    }
-                    Slots(
-                        outputs_in
-                            .iter()
-                            .map(|&s| {
-                                let slot = local.slots[s].take();
-                                (s, slot.expect("ckpt: a segment output was defined"))
-                            })
-                            .collect(),
+    if checkpointed.is_empty() {
+        for (u, r) in stages.pieces(last) {
+            fns[u](env, r);
+        }
+        return;
+    }
+    let fns: Arc<[StageFn]> = fns.into();
+    let count = ranges.len();
+    for (k, range) in checkpointed.iter().enumerate() {
+        let (inputs, outputs) = stages.boundary(range);
+        let input = Slots(
+            inputs
+                .iter()
+                .map(|&(s, keep)| {
+                    let slot = if keep {
+                        env.slots[s].as_ref().map(Slot::dup)
+                    } else {
+                        env.slots[s].take()
+                    };
+                    (
+                        s,
+                        slot.expect("ckpt: a segment input is in the environment"),
                     )
-                },
-                input,
-            );
-            for (s, slot) in out.0 {
-                env.slots[s] = Some(slot);
-            }
+                })
+                .collect(),
+        );
+        let seg_name = format!(
+            "{name} segment {} of {count}: stages {}..{}, {} to {} ({location})",
+            k + 1,
+            range.start,
+            range.end,
+            stages.name(chain, range.start),
+            stages.name(chain, range.end - 1),
+        );
+        let (fns, pieces, slots) = (Arc::clone(&fns), stages.pieces(range), chain.slots);
+        let outputs_in = outputs.clone();
+        let out: Slots = crate::macro_support::segment(
+            options,
+            seg_name,
+            move |input: Slots| {
+                let mut local = Env::new(slots);
+                for (s, slot) in input.0 {
+                    local.slots[s] = Some(slot);
+                }
+                for (u, r) in &pieces {
+                    fns[*u](&mut local, r.clone());
+                }
+                Slots(
+                    outputs_in
+                        .iter()
+                        .map(|&s| {
+                            let slot = local.slots[s].take();
+                            (s, slot.expect("ckpt: a segment output was defined"))
+                        })
+                        .collect(),
+                )
+            },
+            input,
+        );
+        for (s, slot) in out.0 {
+            env.slots[s] = Some(slot);
         }
-        for i in last.clone() {
-            stages[i](env);
-        }
-    } else {
-        for stage in &stages[last.clone()] {
-            stage(env);
-        }
+    }
+    for (u, r) in stages.pieces(last) {
+        fns[u](env, r);
     }
 }
 
@@ -623,13 +745,14 @@ fn storage_key(t: &Tensor) -> usize {
 }
 
 /// The [`ChainCost`] of the stages on `env` (see [`profile_chain`](super::profile_chain)
-/// for the method): per statement, on detached copies of the slots it uses. A stage's
-/// input bytes are those of every value live at its start (distinct storages), less the
-/// arguments' tensors, which the caller holds.
+/// for the method): per stage (a statement, or one iteration of a layer loop), on detached
+/// copies of the slots it uses. A stage's input bytes are those of every value live at
+/// its start (distinct storages), less the arguments' tensors, which the caller holds.
 fn profile_env(
     chain: &FnChain,
+    stages: &Stages,
     options: &CheckpointOptions,
-    stages: &[StageFn],
+    fns: &[StageFn],
     env: &Env,
 ) -> Result<ChainCost, CkptError> {
     let device = env
@@ -644,7 +767,7 @@ fn profile_env(
         .filter(|t| t.defined())
         .map(storage_key)
         .collect();
-    let live = &chain.liveness().used_from;
+    let live = &stages.used_from;
     let mut cur = Env::new(chain.slots);
     for (s, slot) in env.slots.iter().enumerate() {
         if let Some(slot) = slot {
@@ -652,7 +775,9 @@ fn profile_env(
         }
     }
     let mut out = Vec::with_capacity(stages.len());
-    for (i, stage) in stages.iter().enumerate() {
+    for i in 0..stages.len() {
+        let (u, iteration) = stages.at[i];
+        let stage = &fns[u];
         let live_here = cur
             .slots
             .iter()
@@ -663,7 +788,7 @@ fn profile_env(
         let input_bytes = storage_bytes(live_here, &args);
         let local = |leaf: bool| {
             let mut e = Env::new(chain.slots);
-            for &s in chain.uses[i] {
+            for &s in stages.uses[i] {
                 if let Some(slot) = &cur.slots[s] {
                     e.slots[s] = Some(slot.detached(leaf));
                 }
@@ -676,7 +801,7 @@ fn profile_env(
             .flat_map(Env::tensors)
             .map(Tensor::shallow_clone)
             .collect();
-        let defs = chain.defs[i];
+        let defs = stages.defs[i];
         let (done, fig): (Env, StageFigures) = profile::measure_stage(
             device,
             |warm| {
@@ -685,7 +810,7 @@ fn profile_env(
                 } else {
                     run.take().unwrap_or_else(|| local(true))
                 };
-                stage(&mut e);
+                stage(&mut e, iteration..iteration + 1);
                 e
             },
             |e| {

@@ -1,0 +1,191 @@
+//! How a `#[checkpointed]` function is cut, decided once from its arguments and its body:
+//! the whole function as one segment, groups fixed at compile time, or a chain of stages
+//! cut at run time.
+//!
+//! | arguments | body | layout |
+//! |---|---|---|
+//! | none | no `cut!()` | [`Layout::Whole`]: one checkpointed segment, nothing inline |
+//! | none | `cut!()` markers | [`Layout::Static`] at the markers, the last group inline |
+//! | `segments = N` | no layer loop | [`Layout::Static`]: `ckpt_budget::sequential_ranges(stages, N)` |
+//! | `segments = N` | a layer loop | [`Layout::Runtime`]: the same rule over the stages known at run time |
+//! | `segments = auto`, `budget` | any | [`Layout::Runtime`]: the planner's cuts |
+//!
+//! A *stage* is a statement (method chains split into their links, `body.rs`), or one
+//! iteration of a layer loop.
+
+use std::ops::Range;
+
+use proc_macro2::Span;
+
+use super::body::{self, Body, Modules};
+use crate::args::{Args, CutArg};
+use crate::budget::Objective;
+use crate::ctxt::Ctxt;
+
+/// The layout of a function (see the module docs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Layout {
+    /// `#[checkpointed]` without cuts: the whole body is one checkpointed segment.
+    Whole,
+    /// Groups fixed at compile time ([`Layout::ranges`]); the last runs inline.
+    Static,
+    /// Every statement is a unit of a chain cut at run time; the last statement runs
+    /// inline after the chain.
+    Runtime(Schedule),
+}
+
+/// How a run-time chain is cut.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Schedule {
+    /// `segments = N`: `sequential_ranges` over the stages counted at run time.
+    Segments(usize),
+    /// The planner's cuts.
+    Auto(Objective),
+}
+
+/// A layout with its groups of statements.
+pub(crate) struct Cut {
+    pub layout: Layout,
+    /// The groups: one over everything ([`Layout::Whole`]), the fixed groups
+    /// ([`Layout::Static`]), or one per statement ([`Layout::Runtime`]).
+    pub ranges: Vec<Range<usize>>,
+}
+
+impl Cut {
+    /// Whether group `g` runs as a checkpointed segment (or, at run time, may).
+    pub(crate) fn checkpointed(&self, g: usize) -> bool {
+        match self.layout {
+            Layout::Whole => true,
+            Layout::Static | Layout::Runtime(_) => g + 1 < self.ranges.len(),
+        }
+    }
+}
+
+/// Decides the layout, preparing `body` for it (chains split and layer loops recognised
+/// when the macro chooses the cuts); `None` (errors in `cx`) when the function cannot be
+/// cut.
+pub(crate) fn resolve(
+    args: &Args,
+    body: &mut Body,
+    modules: &Modules<'_>,
+    cx: &mut Ctxt,
+) -> Option<Cut> {
+    let marker = body.markers.first().map(|(_, span)| *span);
+    let (schedule, span) = match (args.cut, marker) {
+        (CutArg::Invalid, _) => return None,
+        (CutArg::Auto(..), Some(span)) => {
+            cx.error_at(
+                span,
+                "`ckpt::cut!()` markers cannot be combined with `segments = auto` or `budget`, which choose the cuts at run time; remove the markers, or the argument",
+            );
+            return None;
+        }
+        (CutArg::Segments(..), Some(span)) => {
+            cx.error_at(
+                span,
+                "`ckpt::cut!()` markers and `segments = N` cannot be combined: use `segments = N` for balanced segments, or markers alone",
+            );
+            return None;
+        }
+        (CutArg::Unspecified, None) => return whole(body, args, cx),
+        (CutArg::Unspecified, Some(_)) => return markers(body, cx),
+        (CutArg::Segments(n, span), None) => (Schedule::Segments(n), span),
+        (CutArg::Auto(objective, span), None) => (Schedule::Auto(objective), span),
+    };
+    body::split_chains(body, modules);
+    body::find_loops(body);
+    for stmt in &body.stmts {
+        if let Some(pat) = body::unsupported_fold(stmt) {
+            cx.error_spanned_by(
+                pat,
+                "a `fold` is a layer loop cut between its iterations when it is bound to one name (`let x = self.blocks.iter().fold(..);`); bind its result to one name and destructure that in the next statement",
+            );
+        }
+    }
+    let n = body.stmts.len();
+    let has_loop = body.loops.iter().any(Option::is_some);
+    match schedule {
+        Schedule::Segments(segments) if !has_loop => {
+            if segments > n {
+                let fix = if n >= 2 {
+                    format!("use `segments = {n}` or fewer")
+                } else {
+                    "`segments = N` needs at least 2 stages (one checkpointed, and the last, which runs inline): write the body as several statements, or use `#[checkpointed]` without arguments to checkpoint the whole function as one segment".to_owned()
+                };
+                cx.error_at(
+                    span,
+                    format!(
+                        "`segments = {segments}` but the body has {n} stage{} to cut (a stage is a statement, or a layer call of a method chain; items and cut markers do not count); {fix}",
+                        if n == 1 { "" } else { "s" },
+                    ),
+                );
+                return None;
+            }
+            Some(Cut {
+                layout: Layout::Static,
+                ranges: ckpt_budget::sequential_ranges(n, segments),
+            })
+        }
+        _ => {
+            if n < 2 {
+                cx.error_at(
+                    span,
+                    format!(
+                        "`segments = auto` (or `budget`) needs at least 2 statements: the statements but the last are the stages the planner cuts (a layer loop counts one stage per iteration), the last runs inline; the body has {n}"
+                    ),
+                );
+                return None;
+            }
+            Some(Cut {
+                layout: Layout::Runtime(schedule),
+                ranges: (0..n).map(|i| i..i + 1).collect(),
+            })
+        }
+    }
+}
+
+fn whole(body: &Body, args: &Args, cx: &mut Ctxt) -> Option<Cut> {
+    if body.stmts.is_empty() {
+        cx.error_at(
+            args.span.unwrap_or_else(Span::call_site),
+            "`#[checkpointed]` on a function with an empty body: there is nothing to checkpoint",
+        );
+        return None;
+    }
+    Some(Cut {
+        layout: Layout::Whole,
+        ranges: std::iter::once(0..body.stmts.len()).collect(),
+    })
+}
+
+fn markers(body: &Body, cx: &mut Ctxt) -> Option<Cut> {
+    let n = body.stmts.len();
+    let mut ok = true;
+    let mut prev = 0;
+    for (i, (at, span)) in body.markers.iter().enumerate() {
+        let what = if *at == 0 {
+            Some("before the first statement, which leaves the first segment empty")
+        } else if *at == n {
+            Some("after the last statement, which leaves the last segment empty")
+        } else if i > 0 && *at == prev {
+            Some("right after another cut, with no statement between them")
+        } else {
+            None
+        };
+        if let Some(what) = what {
+            cx.error_at(*span, format!("`ckpt::cut!()` {what}; remove it"));
+            ok = false;
+        }
+        prev = *at;
+    }
+    if !ok {
+        return None;
+    }
+    let mut bounds = vec![0];
+    bounds.extend(body.markers.iter().map(|(at, _)| *at));
+    bounds.push(n);
+    Some(Cut {
+        layout: Layout::Static,
+        ranges: bounds.windows(2).map(|w| w[0]..w[1]).collect(),
+    })
+}

@@ -1,0 +1,6 @@
+use ckpt::checkpointed;
+
+#[checkpointed]
+fn nothing() {}
+
+fn main() {}
