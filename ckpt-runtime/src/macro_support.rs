@@ -75,7 +75,8 @@ impl<T: Stash, E: Send + 'static> Stash for Fallible<T, E> {
     }
 }
 
-/// `"Encoder::forward_t segment 2 of 3 (src/model.rs:42)"`.
+/// `"Encoder::forward_t segment 2 of 3 (src/model.rs:42)"`, or for a function that is one
+/// segment (`count = 1`) `"Block::forward (src/model.rs:42)"`.
 pub fn segment_name(
     owner: Option<String>,
     function: &str,
@@ -84,9 +85,14 @@ pub fn segment_name(
     file: &str,
     line: u32,
 ) -> String {
-    match owner {
-        Some(owner) => format!("{owner}::{function} segment {index} of {count} ({file}:{line})"),
-        None => format!("{function} segment {index} of {count} ({file}:{line})"),
+    let function = match owner {
+        Some(owner) => format!("{owner}::{function}"),
+        None => function.to_owned(),
+    };
+    if count == 1 {
+        format!("{function} ({file}:{line})")
+    } else {
+        format!("{function} segment {index} of {count} ({file}:{line})")
     }
 }
 
@@ -194,6 +200,10 @@ mod tests {
         assert_eq!(
             segment_name(None, "mlp", 1, 2, "a.rs", 1),
             "mlp segment 1 of 2 (a.rs:1)"
+        );
+        assert_eq!(
+            segment_name(Some("Block".into()), "forward", 1, 1, "b.rs", 7),
+            "Block::forward (b.rs:7)"
         );
     }
 

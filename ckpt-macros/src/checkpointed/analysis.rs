@@ -101,6 +101,10 @@ pub(crate) struct Plan {
     pub fold_accs: Vec<Option<Binding>>,
     /// Whether the last statement counts as a stage for `segments = N`.
     pub tail_counts: bool,
+    /// Whether the last statement of a [`Layout::Runtime`] chain may run again in the
+    /// profile of `segments = auto` (it passes the side-effect rules, has no `?` and takes
+    /// no `&mut` parameter).
+    pub tail_pure: bool,
     /// The span of `self` in the receiver, for a `&self` method.
     pub self_span: Option<Span>,
     /// Module parameters captured by some checkpointed segment, in parameter order.
@@ -374,11 +378,31 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
     }
     // Captures in parameter order.
     captures.sort_by_key(|c| params.iter().position(|(b, _)| &b.ident == c));
-    let tail_uses = walks[count - 1]
+    let tail_uses: Vec<(Binding, Option<ParamKind>)> = walks[count - 1]
         .uses
         .iter()
         .filter_map(|(name, _)| bound_before[count - 1].get(name).cloned())
         .collect();
+    // Whether the last statement of a run-time chain may also run in the profile (it
+    // then is the chain's last stage for the planner): it passes the side-effect rules,
+    // has no `?`, and takes no `&mut` parameter.
+    let tail_pure = runtime && walks[count - 1].fallible.is_none() && {
+        let mut scratch = Ctxt::default();
+        let mut walker = Walker::new(&mut scratch, true, String::new(), &fn_name);
+        walker.runtime = true;
+        walker.outer = bound_before[count - 1]
+            .iter()
+            .map(|(n, (_, k))| (n.clone(), *k))
+            .collect();
+        for stmt in &stmts[cut.ranges[count - 1].clone()] {
+            walker.walk_stmt(stmt, true);
+        }
+        drop(walker);
+        scratch.is_ok()
+            && !tail_uses
+                .iter()
+                .any(|(_, k)| matches!(k, Some(ParamKind::RefMut)))
+    };
 
     cx.is_ok().then_some(Plan {
         stmts,
@@ -389,6 +413,7 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
         init_only,
         fold_accs,
         tail_counts,
+        tail_pure,
         self_span,
         captures,
         tail_uses,

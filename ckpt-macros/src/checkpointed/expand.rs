@@ -647,6 +647,27 @@ fn expand_runtime(func: &Function, args: &Args, plan: &Plan, schedule: Schedule)
         last_use[*s] = Some(n);
     }
 
+    // The last statement as a profiling probe (`segments = auto` and `budget`): when it
+    // passes the side-effect rules and everything it uses is in a slot or is module state
+    // the units already share, the planner profiles it as the chain's last stage.
+    let last = &plan.groups[plan.groups.len() - 1];
+    let tail_captures: Vec<Ident> = plan
+        .tail_uses
+        .iter()
+        .filter(|(_, k)| matches!(k, Some(ParamKind::Capture)))
+        .map(|(b, _)| b.ident.clone())
+        .collect();
+    let probe_ok = matches!(schedule, Schedule::Auto(_))
+        && plan.tail_pure
+        && (!last.uses_self || stages.iter().any(|g| g.uses_self))
+        && tail_captures.iter().all(|c| plan.captures.contains(c))
+        && plan.tail_uses.iter().all(|(b, kind)| match kind {
+            Some(ParamKind::Capture) => true,
+            _ => slot_of.contains_key(&b.id),
+        });
+    let tail_out: Option<usize> = probe_ok.then_some(slots);
+    let slots = slots + usize::from(probe_ok);
+
     let options = mixed("__ckpt_options");
     let env = mixed("__ckpt_env");
     let shared_self = mixed("__ckpt_shared_self");
@@ -813,6 +834,49 @@ fn expand_runtime(func: &Function, args: &Args, plan: &Plan, schedule: Schedule)
         });
     }
 
+    let probe = match tail_out {
+        Some(out) => {
+            let (clones, locks) = module_state(last.uses_self, &tail_captures, &shared_self);
+            let takes = plan.tail_uses.iter().filter_map(|(b, _)| {
+                let s = *slot_of.get(&b.id)?;
+                let ident = &b.ident;
+                let w = witness_at(s, ident.span());
+                let take = quote_spanned!(ident.span()=> ::ckpt::__private::take(#stage_env, #s, #w, true));
+                let pat = binding_pat(b);
+                Some(match ref_kind(b.id) {
+                    Some(ParamKind::RefData) => quote!(let #ident = #take; let #ident = &#ident;),
+                    Some(ParamKind::RefSlice) => {
+                        quote!(let #ident = #take; let #ident: &[_] = &#ident;)
+                    }
+                    Some(ParamKind::RefStr) => {
+                        quote!(let #ident = #take; let #ident: &str = &#ident;)
+                    }
+                    _ => quote!(#[allow(unused_mut, unused_variables)] let #pat = #take;),
+                })
+            });
+            let body = plan.stmts[last.stmts.clone()]
+                .iter()
+                .map(|s| emit_stmt(s, true));
+            let value = mixed("__ckpt_value");
+            quote! {
+                ::core::option::Option::Some({
+                    #(#clones)*
+                    ::ckpt::__private::stage(move |#stage_env: &mut ::ckpt::__private::Env, _: ::core::ops::Range<usize>| {
+                        #(#locks)*
+                        #(#takes)*
+                        let #value = { #(#body)* };
+                        (&::ckpt::__private::ProbePut(::core::cell::Cell::new(
+                            ::core::option::Option::Some(#value),
+                        )))
+                        .__ckpt_probe_put(#stage_env, #out);
+                    })
+                    .0
+                })
+            }
+        }
+        None => quote!(::core::option::Option::None),
+    };
+
     // The last statement.
     let tail_bind = tail_takes.iter().map(|(b, s)| {
         let w = witness_at(*s, b.ident.span());
@@ -854,12 +918,13 @@ fn expand_runtime(func: &Function, args: &Args, plan: &Plan, schedule: Schedule)
         }
     };
     let tail_counts = plan.tail_counts;
+    let tail_out_slot = tail_out.iter();
     quote! {
         #(#attrs)*
         #vis #sig {
             #(#items)*
             #[allow(unused_imports)]
-            use ::ckpt::__private::{ViaHash as _, ViaNoHash as _};
+            use ::ckpt::__private::{ViaHash as _, ViaNoHash as _, ViaNoPut as _, ViaStashPut as _};
             let #chain: &'static ::ckpt::__private::FnChain = {
                 static CHAIN: ::ckpt::__private::FnChain = ::ckpt::__private::FnChain::new(
                     #fn_name,
@@ -867,6 +932,7 @@ fn expand_runtime(func: &Function, args: &Args, plan: &Plan, schedule: Schedule)
                     &[#(#units_table),*],
                     &[#(#tail_slots),*],
                     #tail_counts,
+                    &[#(#tail_out_slot),*],
                     #schedule,
                 );
                 &CHAIN
@@ -884,6 +950,7 @@ fn expand_runtime(func: &Function, args: &Args, plan: &Plan, schedule: Schedule)
                 ::core::file!(),
                 #line,
                 ::std::vec![#(#stage_names),*],
+                #probe,
                 &#counts,
                 &mut #env,
             );
@@ -951,20 +1018,24 @@ fn loop_body(
     }
 }
 
-/// A short source label of unit `i`, for segment names and `explain`.
+/// A short source label of unit `i`, for segment names and `explain`: the statement, or
+/// for a link of a split method chain its calls (`.apply(&self.conv2).max_pool2d_default(2)`).
 fn unit_label(plan: &Plan, i: usize) -> String {
     if let Some(unit) = &plan.loops[i] {
         return unit.label.clone();
     }
-    match &plan.stmts[i] {
+    let text = match &plan.stmts[i] {
         Stmt::Local(l) => match (&l.pat, &l.init) {
             (Pat::Ident(p), Some(init)) if p.ident.to_string().starts_with("__ckpt_") => {
-                body::short_text(&init.expr, 60)
+                body::short_text(&init.expr, 80)
             }
-            _ => body::short_text(&plan.stmts[i], 60)
-                .trim_end_matches(';')
-                .to_owned(),
+            _ => body::short_text(&plan.stmts[i], 80),
         },
-        stmt => body::short_text(stmt, 60).trim_end_matches(';').to_owned(),
+        stmt => body::short_text(stmt, 80),
+    };
+    // The previous link, moved in as `{ __ckpt_link3_0 }`, reads as a continuation.
+    match (text.find("{ __ckpt_link"), text.find(" }.")) {
+        (Some(a), Some(b)) if b > a => format!("{}…{}", &text[..a], &text[b + 2..]),
+        _ => text,
     }
 }

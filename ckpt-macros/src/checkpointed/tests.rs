@@ -101,6 +101,89 @@ fn snapshot_auto_budget_stages() {
     ));
 }
 
+/// A layer loop under `segments = N`: the statements and the loop's iterations are stages
+/// of a chain cut at run time; the loop's unit runs a range of iterations re-derived from
+/// its iterable; the rotary table is a reference parameter every block reads.
+#[test]
+fn snapshot_layer_loop_segments() {
+    insta::assert_snapshot!(pretty(
+        quote!(segments = 4),
+        quote! {
+            fn forward(&self, x: &Tensor, freqs_cis: &Tensor) -> Tensor {
+                let (_, t) = x.size2().unwrap();
+                let mut x = self.wte.forward(x);
+                for block in self.blocks.iter() {
+                    x = block.forward(&x, freqs_cis);
+                }
+                let x = self.ln_f.forward(&x);
+                let x = x.slice(1, t - 1, t, 1);
+                self.lm_head.forward(&x)
+            }
+        },
+        true
+    ));
+}
+
+/// A `fold` over layers and a method chain, with `segments = auto`: the chain is split at
+/// its layer calls, the fold's first iteration starts from its initial value, later ones
+/// from the accumulator's slot; the pure last statement is profiled too.
+#[test]
+fn snapshot_fold_and_chain_auto() {
+    insta::assert_snapshot!(pretty(
+        quote!(segments = auto),
+        quote! {
+            fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
+                let h = xs.apply(&self.embed).relu().apply_t(&self.bn, train);
+                let h = self.blocks.iter().fold(h, |h, b| b.forward_t(&h, train));
+                h.apply(&self.head)
+            }
+        },
+        true
+    ));
+}
+
+/// `#[checkpointed]` without arguments: one closure for the whole body, its value the
+/// function's.
+#[test]
+fn snapshot_whole_function() {
+    insta::assert_snapshot!(pretty(
+        TokenStream::new(),
+        quote! {
+            fn forward(&self, x: &Tensor, freqs_cis: &Tensor) -> Tensor {
+                let x = self.attn.forward(&self.rms_1.forward(x), freqs_cis) + x;
+                self.mlp.forward(&self.rms_2.forward(&x)) + x
+            }
+        },
+        true
+    ));
+}
+
+/// The last statement is profiled with `segments = auto` only when it passes the
+/// side-effect rules (and uses only values the units put in slots).
+#[test]
+fn auto_profiles_only_a_pure_last_statement() {
+    let expand_tail = |tail: TokenStream| {
+        pretty(
+            quote!(segments = auto),
+            quote! {
+                fn f(xs: &Tensor) -> Tensor {
+                    let a = xs.relu();
+                    let b = a.tanh();
+                    #tail
+                }
+            },
+            false,
+        )
+    };
+    let pure = expand_tail(quote!(b * 2.0));
+    assert!(pure.contains("ProbePut"), "{pure}");
+    let printing = expand_tail(quote!({
+        println!("{b:?}");
+        b
+    }));
+    assert!(!printing.contains("ProbePut"), "{printing}");
+}
+
 #[test]
 fn snapshot_explicit_cuts_question_mark_generic() {
     insta::assert_snapshot!(pretty(

@@ -204,8 +204,9 @@ pub use statements::{FunctionPlan, MAX_PLANS_PER_FUNCTION, clear_function_plans,
 #[doc(hidden)]
 pub mod __private {
     pub use super::statements::{
-        ChainSchedule, Env, FnChain, KeyProbe, Slots, StageFn, Unit, ViaHash, ViaNoHash, Witness,
-        iter_count, iter_range, put, put_param, run_stages, stage, take,
+        ChainSchedule, Env, FnChain, KeyProbe, ProbePut, Slots, StageFn, Unit, ViaHash, ViaNoHash,
+        ViaNoPut, ViaStashPut, Witness, iter_count, iter_range, put, put_param, run_stages, stage,
+        take,
     };
 
     use tch::Tensor;

@@ -224,6 +224,35 @@ where
     )
 }
 
+/// The value of the last statement in a profiling run, put into its slot when its type
+/// implements [`Stash`] ([`ViaStashPut`]; otherwise dropped, [`ViaNoPut`]): the planner
+/// then sees its bytes and backpropagates through it.
+pub struct ProbePut<T>(pub std::cell::Cell<Option<T>>);
+
+/// Picked first, when `T: Stash`.
+pub trait ViaStashPut {
+    /// Puts the value into `slot`.
+    fn __ckpt_probe_put(&self, env: &mut Env, slot: usize);
+}
+
+impl<T: Stash> ViaStashPut for ProbePut<T> {
+    fn __ckpt_probe_put(&self, env: &mut Env, slot: usize) {
+        if let Some(value) = self.0.take() {
+            put(env, slot, value);
+        }
+    }
+}
+
+/// Picked otherwise.
+pub trait ViaNoPut {
+    /// Drops the value.
+    fn __ckpt_probe_put(&self, env: &mut Env, slot: usize);
+}
+
+impl<T> ViaNoPut for &ProbePut<T> {
+    fn __ckpt_probe_put(&self, _: &mut Env, _: usize) {}
+}
+
 /// The number of iterations of a layer loop: the length of its iterable.
 pub fn iter_count<I: IntoIterator>(iterable: I) -> usize {
     iterable.into_iter().count()
@@ -349,6 +378,10 @@ pub struct FnChain {
     units: &'static [Unit],
     tail: &'static [usize],
     tail_counts: bool,
+    /// The slot a profiling run of the last statement puts its value in (one, or none
+    /// when the last statement may not run in the profile); with one, the last statement
+    /// is the last stage of the chains `segments = auto` plans.
+    tail_out: &'static [usize],
     schedule: ChainSchedule,
     plans: OnceLock<Mutex<PlanCache>>,
     /// `Type::method (file:line)`, set by the first plan.
@@ -367,7 +400,10 @@ struct Stages {
 }
 
 impl Stages {
-    fn new(chain: &FnChain, counts: &[usize]) -> Stages {
+    /// The stages of `chain` for `counts`; with `probe`, the last statement is one more
+    /// stage at the end (unit index `units.len()`), using the tail's slots and defining
+    /// `tail_out`.
+    fn new(chain: &FnChain, counts: &[usize], probe: bool) -> Stages {
         let mut at = Vec::new();
         let mut uses = Vec::new();
         let mut defs = Vec::new();
@@ -378,9 +414,16 @@ impl Stages {
                 defs.push(unit.defs);
             }
         }
+        if probe {
+            at.push((chain.units.len(), 0));
+            uses.push(chain.tail);
+            defs.push(chain.tail_out);
+        }
         let n = at.len();
         let mut used_from = vec![vec![false; chain.slots]; n + 1];
-        for &s in chain.tail {
+        // After the chain: what the last statement takes, or (profiled) its value, which
+        // the function returns.
+        for &s in if probe { chain.tail_out } else { chain.tail } {
             used_from[n][s] = true;
         }
         for b in (0..n).rev() {
@@ -440,7 +483,9 @@ impl Stages {
     /// The name of stage `s`: its unit's, with the iteration for a loop.
     fn name(&self, chain: &FnChain, s: usize) -> String {
         let (u, i) = self.at[s];
-        let unit = &chain.units[u];
+        let Some(unit) = chain.units.get(u) else {
+            return "the last statement".to_owned();
+        };
         if unit.looped {
             format!("`{}` iteration {i}", unit.name)
         } else {
@@ -457,6 +502,7 @@ impl FnChain {
         units: &'static [Unit],
         tail: &'static [usize],
         tail_counts: bool,
+        tail_out: &'static [usize],
         schedule: ChainSchedule,
     ) -> FnChain {
         FnChain {
@@ -465,6 +511,7 @@ impl FnChain {
             units,
             tail,
             tail_counts,
+            tail_out,
             schedule,
             plans: OnceLock::new(),
             display: OnceLock::new(),
@@ -523,9 +570,21 @@ impl FnChain {
                     }
                 };
                 debug_assert_eq!(plan.len(), n);
-                Some(plan.ranges())
+                let mut ranges = plan.ranges();
+                if self.probed() {
+                    // The last stage is the last statement, profiled; it runs after the
+                    // chain, as the end of the plain segment.
+                    let last = ranges.last_mut().expect("at least one range");
+                    last.end -= 1;
+                }
+                Some(ranges)
             }
         }
+    }
+
+    /// Whether the last statement is profiled as the chain's last stage.
+    fn probed(&self) -> bool {
+        matches!(self.schedule, ChainSchedule::Auto(_)) && !self.tail_out.is_empty()
     }
 }
 
@@ -540,8 +599,9 @@ pub struct FunctionPlan {
     pub function: String,
     /// The input it was made for: shapes, dtypes and devices of the argument tensors.
     pub input: String,
-    /// The plan; its stages are the function's statements but the last, a layer loop
-    /// counting one stage per iteration.
+    /// The plan; its stages are the function's statements, a layer loop counting one
+    /// stage per iteration; the last statement is the last stage when it passes the
+    /// side-effect rules (it is then profiled too), else it is left out.
     pub plan: Plan,
 }
 
@@ -621,8 +681,9 @@ impl Stash for Slots {
 /// Runs the units of `chain` on `env` (`counts`: the number of iterations of each, 1 for a
 /// statement), cut as the schedule says for this call: every segment but the last through
 /// a checkpoint, the last inline. For `segments = auto` / `budget`, the first training
-/// call for an input profiles and plans; without grad, or inside a recompute when no plan
-/// is cached, every stage runs inline.
+/// call for an input profiles and plans (`tail_probe`, the last statement as a closure
+/// that puts its value into the chain's `tail_out` slot, is profiled as the last stage);
+/// without grad, or inside a recompute when no plan is cached, every stage runs inline.
 ///
 /// # Panics
 ///
@@ -636,7 +697,8 @@ pub fn run_stages(
     owner: Option<String>,
     file: &'static str,
     line: u32,
-    fns: Vec<StageFn>,
+    mut fns: Vec<StageFn>,
+    tail_probe: Option<StageFn>,
     counts: &[usize],
     env: &mut Env,
 ) {
@@ -648,10 +710,15 @@ pub fn run_stages(
     };
     let location = format!("{file}:{line}");
     let what = format!("{name} ({location})");
-    let stages = Stages::new(chain, counts);
+    let probed = chain.probed() && tail_probe.is_some();
+    if let (true, Some(probe)) = (probed, tail_probe) {
+        // The profile runs it as unit `units.len()`; runs never reach it.
+        fns.push(probe);
+    }
+    let stages = Stages::new(chain, counts, probed);
     let ranges = chain
         .ranges(options, &stages, &fns, counts, env, &what)
-        .unwrap_or_else(|| std::iter::once(0..stages.len()).collect());
+        .unwrap_or_else(|| std::iter::once(0..stages.len() - usize::from(probed)).collect());
     let (last, checkpointed) = ranges.split_last().expect("at least one range");
     if checkpointed.is_empty() {
         for (u, r) in stages.pieces(last) {
