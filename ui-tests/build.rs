@@ -8,7 +8,10 @@
 //! (unary ops, products with weight matrices captured from a module parameter, scalar
 //! products, dropout with `train`, sums and products of two earlier values), with names
 //! drawn from a small pool so that `let` shadowing is frequent and skip connections cross
-//! cuts, and sometimes tuple patterns.
+//! cuts, sometimes tuple patterns, and layer loops over the module's `layers` (a `for`
+//! over `iter()`, `enumerate()` or an index range, with one or two loop-carried `let mut`
+//! values and an earlier value read inside, or a `fold`): under `segments = N` their
+//! iterations are stages cut at run time, under markers they run whole.
 
 use std::fmt::Write;
 
@@ -28,6 +31,8 @@ struct RawStmt {
     lhs: u32,
     rhs: u32,
     tuple: bool,
+    /// 0..=4: a layer loop of that form instead of a `let` (about one statement in six).
+    looped: Option<u8>,
 }
 
 #[derive(Debug, Clone)]
@@ -45,13 +50,15 @@ fn raw_program() -> impl Strategy<Value = RawProgram> {
         any::<u32>(),
         any::<u32>(),
         prop::bool::weighted(0.15),
+        prop::option::weighted(0.17, 0u8..5),
     )
-        .prop_map(|(target, op, lhs, rhs, tuple)| RawStmt {
+        .prop_map(|(target, op, lhs, rhs, tuple, looped)| RawStmt {
             target,
             op,
             lhs,
             rhs,
             tuple,
+            looped,
         });
     (
         vec(stmt, 2..14),
@@ -100,6 +107,16 @@ fn render(p: &RawProgram) -> (String, usize) {
         let pick = |i: u32, defined: &[String]| defined[i as usize % defined.len()].clone();
         let (lhs, rhs) = (pick(s.lhs, &defined), pick(s.rhs, &defined));
         let target = NAMES[s.target];
+        if let Some(form) = s.looped {
+            render_loop(form, s, &lhs, &rhs, &mut lines);
+            let second = NAMES[(s.target + 1) % NAMES.len()];
+            for n in std::iter::once(target).chain((form == 2).then_some(second)) {
+                if !defined.iter().any(|d| d == n) {
+                    defined.push(n.to_owned());
+                }
+            }
+            continue;
+        }
         if s.tuple {
             let other = NAMES[(s.target + 1) % NAMES.len()];
             lines.push(format!(
@@ -126,6 +143,45 @@ fn render(p: &RawProgram) -> (String, usize) {
     lines.push(format!("({}.shallow_clone(), {}.shallow_clone())", o1, o2));
     let count = lines.len();
     (lines.join("\n    "), count)
+}
+
+/// A layer loop over `w.layers` (each `[D, D]`): `let mut` carried values, then the
+/// loop; or a `fold`. `other` is an earlier value the body reads.
+fn render_loop(form: u8, s: &RawStmt, init: &str, other: &str, lines: &mut Vec<String>) {
+    let c = NAMES[s.target];
+    let c2 = NAMES[(s.target + 1) % NAMES.len()];
+    let other = operand(other);
+    match form {
+        0 => {
+            lines.push(format!("let mut {c} = {};", expr(s.op, init, init)));
+            lines.push(format!(
+                "for wk in w.layers.iter() {{ {c} = ({c}.matmul(wk) + {other}).tanh(); }}"
+            ));
+        }
+        1 => {
+            lines.push(format!("let mut {c} = {};", expr(s.op, init, init)));
+            lines.push(format!(
+                "for (i, wk) in w.layers.iter().enumerate() {{ {c} = {c}.matmul(wk).sigmoid() * ((i + 1) as f64); }}"
+            ));
+        }
+        2 => {
+            lines.push(format!("let mut {c} = {};", expr(s.op, init, init)));
+            lines.push(format!("let mut {c2} = {c}.tanh();"));
+            lines.push(format!(
+                "for i in 0..w.layers.len() {{ {c} = (&{c} + {c}.matmul(&w.layers[i]).relu()) * 0.5; {c2} = &{c2} + &{c}; }}"
+            ));
+        }
+        3 => {
+            lines.push(format!("let mut {c} = {};", expr(s.op, init, init)));
+            lines.push(format!(
+                "for wk in &w.layers {{ {c} = {c}.matmul(wk).dropout(0.2, train) * k; }}"
+            ));
+        }
+        _ => lines.push(format!(
+            "let {c} = w.layers.iter().fold({}, |h, wk| (h.matmul(wk) + {other}).tanh());",
+            expr(s.op, init, init)
+        )),
+    }
 }
 
 /// libtorch's directory, from the `ckpt` facade (`links = "ckpt"`): an rpath for this
@@ -189,8 +245,8 @@ fn main() {
         let source = format!("{attr}\nfn p{i}{sig} {{\n    {body}\n}}");
         writeln!(
             out,
-            "#[allow(unused_variables, unused_parens, clippy::all)]\n{attr}\nfn p{i}_ckpt{sig} {{\n    {body}\n}}\n\
-             #[allow(unused_variables, unused_parens, clippy::all)]\nfn p{i}_plain{sig} {{\n    {body}\n}}\n"
+            "#[allow(unused_variables, unused_parens, unused_mut, unused_assignments, deprecated, clippy::all)]\n{attr}\nfn p{i}_ckpt{sig} {{\n    {body}\n}}\n\
+             #[allow(unused_variables, unused_parens, unused_mut, unused_assignments, clippy::all)]\nfn p{i}_plain{sig} {{\n    {body}\n}}\n"
         )
         .unwrap();
         table.push(format!(

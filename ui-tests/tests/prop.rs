@@ -1,7 +1,8 @@
-//! Property test of `#[checkpointed]`: random straight-line programs of tensor ops with
-//! `let` shadowing, cut at random (`segments = N`, or `ckpt::cut!()` markers), give the
-//! same outputs (bit for bit on CPU) and the same gradients (of the inputs and of the
-//! captured weights) as the same programs without the attribute.
+//! Property test of `#[checkpointed]`: random programs of tensor ops with `let` shadowing
+//! and layer loops with loop-carried values, cut at random (`segments = N`, or
+//! `ckpt::cut!()` markers), give the same outputs (bit for bit on CPU) and the same
+//! gradients (of the inputs and of the captured weights) as the same programs without
+//! the attribute.
 //!
 //! Gradients are compared to within rounding (relative 1e-5 of the largest entry), not
 //! bit for bit: when a value is used several times inside one segment and also outside
@@ -27,11 +28,12 @@ use ckpt::ShallowClone;
 use proptest::prelude::*;
 use tch::{Device, Kind, Tensor};
 
-/// The module whose weights the programs capture.
+/// The module whose weights the programs capture; layer loops run over `layers`.
 #[derive(Debug, ShallowClone)]
 struct Weights {
     w0: Tensor,
     w1: Tensor,
+    layers: Vec<Tensor>,
 }
 
 type ProgramFn = fn(&Weights, &Tensor, Tensor, f64, bool) -> (Tensor, Tensor);
@@ -45,6 +47,8 @@ struct Program {
 include!(concat!(env!("OUT_DIR"), "/programs.rs"));
 
 const D: i64 = 6;
+/// Layers a program's layer loops run over.
+const LAYERS: usize = 5;
 
 struct Outcome {
     /// Checkpointed segments alive between forward and backward.
@@ -66,6 +70,9 @@ fn outcome(f: ProgramFn, batch: i64, seed: i64, k: f64, train: bool) -> Outcome 
     let w = Weights {
         w0: (Tensor::randn([D, D], opts) * 0.5).set_requires_grad(true),
         w1: (Tensor::randn([D, D], opts) * 0.5).set_requires_grad(true),
+        layers: (0..LAYERS)
+            .map(|_| (Tensor::randn([D, D], opts) * 0.5).set_requires_grad(true))
+            .collect(),
     };
     let x0 = Tensor::randn([batch, D], opts).set_requires_grad(true);
     let x1 = Tensor::randn([batch, D], opts).set_requires_grad(true);
@@ -84,7 +91,11 @@ fn outcome(f: ProgramFn, batch: i64, seed: i64, k: f64, train: bool) -> Outcome 
     Outcome {
         segments,
         outputs: [o1.detach().copy(), o2.detach().copy()],
-        grads: [&x0, &x1, &w.w0, &w.w1].into_iter().map(grad_of).collect(),
+        grads: [&x0, &x1, &w.w0, &w.w1]
+            .into_iter()
+            .chain(&w.layers)
+            .map(grad_of)
+            .collect(),
     }
 }
 
@@ -106,7 +117,11 @@ fn check(index: usize, batch: i64, seed: i64, k: f64, train: bool) -> Result<i64
     for (i, (a, b)) in plain.outputs.iter().zip(&ckpt.outputs).enumerate() {
         prop_assert!(a.equal(b), "output {} differs in {}", i, context());
     }
-    let names = ["x0", "x1", "w0", "w1"];
+    let names: Vec<String> = ["x0", "x1", "w0", "w1"]
+        .into_iter()
+        .map(String::from)
+        .chain((0..LAYERS).map(|i| format!("layers[{i}]")))
+        .collect();
     for ((name, a), b) in names.iter().zip(&plain.grads).zip(&ckpt.grads) {
         match (a, b) {
             (Some(a), Some(b)) => {

@@ -121,7 +121,7 @@ pub(crate) struct Modules<'a> {
 impl Modules<'_> {
     /// Whether `e` refers to module state: `self` or a module parameter, through fields,
     /// indexing and references (`&self.conv1`, `&self.blocks[i]`, `m`, `&m.fc`).
-    fn refers_to(&self, e: &Expr) -> bool {
+    pub(crate) fn refers_to(&self, e: &Expr) -> bool {
         match e {
             Expr::Reference(r) => self.refers_to(&r.expr),
             Expr::Paren(p) => self.refers_to(&p.expr),
@@ -136,7 +136,7 @@ impl Modules<'_> {
     }
 
     /// Whether a method call of a chain applies a layer (see the module docs).
-    fn is_layer_call(&self, m: &ExprMethodCall) -> bool {
+    pub(crate) fn is_layer_call(&self, m: &ExprMethodCall) -> bool {
         is_layer_method(&m.method) || is_fold(m) || m.args.iter().any(|a| self.refers_to(a))
     }
 }

@@ -14,8 +14,9 @@ use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{Expr, Ident, Pat, Stmt};
 
+use super::advice;
 use super::analysis::{Binding, Group as SegmentGroup, Pass, Plan};
-use super::body::{self, LoopKind, LoopUnit};
+use super::body::{self, LoopKind, LoopUnit, Modules};
 use super::layout::{Layout, Schedule};
 use super::parse::{self, Function, ParamKind};
 use crate::args::Args;
@@ -118,16 +119,26 @@ pub(crate) fn original(func: &Function) -> TokenStream {
 
 /// The expanded function.
 pub(crate) fn expand(func: &Function, args: &Args, plan: &Plan) -> TokenStream {
+    let module_params: Vec<String> = plan
+        .params
+        .iter()
+        .filter(|(_, k)| *k == ParamKind::Capture)
+        .map(|(b, _)| b.ident.to_string())
+        .collect();
+    let modules = Modules {
+        params: &module_params,
+    };
+    let warn = advice::warnings(&advice::advise(plan, &modules, &func.sig.ident.to_string()));
     match plan.layout {
-        Layout::Whole => expand_whole(func, args, plan),
-        Layout::Static => expand_static(func, args, plan),
-        Layout::Runtime(schedule) => expand_runtime(func, args, plan, schedule),
+        Layout::Whole => expand_whole(func, args, plan, &warn),
+        Layout::Static => expand_static(func, args, plan, &warn),
+        Layout::Runtime(schedule) => expand_runtime(func, args, plan, schedule, &warn),
     }
 }
 
 /// Groups fixed at compile time: each checkpointed group is a closure run through
 /// `::ckpt::__private::segment`; the last group stays inline.
-fn expand_static(func: &Function, args: &Args, plan: &Plan) -> TokenStream {
+fn expand_static(func: &Function, args: &Args, plan: &Plan, warn: &TokenStream) -> TokenStream {
     let Function {
         attrs, vis, sig, ..
     } = func;
@@ -157,6 +168,7 @@ fn expand_static(func: &Function, args: &Args, plan: &Plan) -> TokenStream {
     quote! {
         #(#attrs)*
         #vis #sig {
+            #warn
             #(#items)*
             #prelude
             #(#segments)*
@@ -167,7 +179,7 @@ fn expand_static(func: &Function, args: &Args, plan: &Plan) -> TokenStream {
 
 /// `#[checkpointed]` without cuts: the whole body is one checkpointed segment whose value
 /// is the function's (`return` leaves the closure with it, `?` leaves it with the error).
-fn expand_whole(func: &Function, args: &Args, plan: &Plan) -> TokenStream {
+fn expand_whole(func: &Function, args: &Args, plan: &Plan, warn: &TokenStream) -> TokenStream {
     let Function {
         attrs, vis, sig, ..
     } = func;
@@ -196,6 +208,7 @@ fn expand_whole(func: &Function, args: &Args, plan: &Plan) -> TokenStream {
     quote! {
         #(#attrs)*
         #vis #sig {
+            #warn
             #(#items)*
             #prelude
             #(#clones)*
@@ -564,7 +577,13 @@ fn witness_at(slot: usize, at: Span) -> Ident {
 /// of slots (one per binding that a later statement uses); a layer loop's closure runs a
 /// range of its iterations. `::ckpt::__private::run_stages` cuts the chain of stages at
 /// run time as the schedule says, and the last statement runs inline on what is left.
-fn expand_runtime(func: &Function, args: &Args, plan: &Plan, schedule: Schedule) -> TokenStream {
+fn expand_runtime(
+    func: &Function,
+    args: &Args,
+    plan: &Plan,
+    schedule: Schedule,
+    warn: &TokenStream,
+) -> TokenStream {
     let Function {
         attrs, vis, sig, ..
     } = func;
@@ -922,6 +941,7 @@ fn expand_runtime(func: &Function, args: &Args, plan: &Plan, schedule: Schedule)
     quote! {
         #(#attrs)*
         #vis #sig {
+            #warn
             #(#items)*
             #[allow(unused_imports)]
             use ::ckpt::__private::{ViaHash as _, ViaNoHash as _, ViaNoPut as _, ViaStashPut as _};

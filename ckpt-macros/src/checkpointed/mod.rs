@@ -2,6 +2,7 @@
 //! layer loops) → layout (`layout.rs`: how the function is cut) → analyze
 //! (`analysis.rs`: liveness, side-effect rules) → expand (`expand.rs`).
 
+mod advice;
 mod analysis;
 mod body;
 mod expand;
