@@ -1015,7 +1015,11 @@ fn auto_and_budget_on_a_loop_forward() {
             .plan
             .clone();
         plan.set_measured_peak_bytes(ckpt.peak);
-        println!("{name}, plain {} B:\n{plan}\n", plain.peak);
+        println!("{name}, plain {} B:\n{}\n", plain.peak, plan.explain());
+        // Each stage is named after its statement, a loop's with its iteration.
+        assert_eq!(plan.stage_names()[0], "let mut h = self.embed.forward(xs)");
+        assert_eq!(plan.stage_names()[3], "for b in self.blocks.iter() [2]");
+        assert_eq!(plan.stage_names()[13], "self.head.forward(&h)");
         assert_eq!(
             plan.len(),
             2 + STACK_BLOCKS,

@@ -938,6 +938,7 @@ fn expand_runtime(
     };
     let tail_counts = plan.tail_counts;
     let tail_out_slot = tail_out.iter();
+    let tail_name = unit_label(plan, plan.stmts.len() - 1);
     quote! {
         #(#attrs)*
         #vis #sig {
@@ -953,6 +954,7 @@ fn expand_runtime(
                     &[#(#tail_slots),*],
                     #tail_counts,
                     &[#(#tail_out_slot),*],
+                    #tail_name,
                     #schedule,
                 );
                 &CHAIN

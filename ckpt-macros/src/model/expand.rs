@@ -1166,6 +1166,7 @@ fn schedule_methods(model: &Model, rt: &Generics) -> TokenStream {
                         self.__ckpt_stage(#i, #t::shallow_clone(#p_x), #train_arg, &#ctx)
                     })
                 })
+                .map(|plan| plan.with_stage_names(self.stage_names()))
             }
 
             /// The names of the stages of the chain, in order (`fc1`, `relu`,

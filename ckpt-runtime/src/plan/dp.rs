@@ -451,8 +451,9 @@ mod tests {
     fn explain_prints_the_plan() {
         let mut plan = residual_chain(8).plan_within(Budget::Bytes(12)).unwrap();
         plan.set_measured_peak_bytes(11);
+        assert!(plan.explain().starts_with(&plan.to_string()));
         assert_eq!(
-            plan.explain(),
+            plan.to_string(),
             "plan for 8 stages: 2 segments (1 checkpointed, the last plain)
   cuts: [4]
   segments: 0..4 | 4..8
@@ -462,6 +463,35 @@ mod tests {
   predicted extra time: 4.000 s (recompute of 4 stages)
   measured peak: 11 B (11 B) (+0.0 % vs predicted)"
         );
+    }
+
+    #[test]
+    fn explain_lists_the_stages_with_their_segments() {
+        let plan = residual_chain(8)
+            .plan_within(Budget::Bytes(12))
+            .unwrap()
+            .with_stage_names((0..8).map(|i| format!("block {i}")).collect());
+        assert_eq!(plan.cuts(), [4]);
+        let text = plan.explain();
+        let rows: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("stage"))
+            .collect();
+        assert_eq!(rows.len(), 9, "{text}");
+        assert!(
+            rows[1].contains("block 0") && rows[1].contains("1 (recomputed)"),
+            "{text}"
+        );
+        assert!(
+            rows[4].contains("block 3") && rows[4].contains("1 (recomputed)"),
+            "{text}"
+        );
+        assert!(
+            rows[5].contains("block 4") && rows[5].contains("2 (plain)"),
+            "{text}"
+        );
+        assert_eq!(plan.segment_of(3), 0);
+        assert_eq!(plan.segment_of(4), 1);
     }
 
     #[test]

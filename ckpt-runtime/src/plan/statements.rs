@@ -382,6 +382,8 @@ pub struct FnChain {
     /// when the last statement may not run in the profile); with one, the last statement
     /// is the last stage of the chains `segments = auto` plans.
     tail_out: &'static [usize],
+    /// The last statement's label.
+    tail_name: &'static str,
     schedule: ChainSchedule,
     plans: OnceLock<Mutex<PlanCache>>,
     /// `Type::method (file:line)`, set by the first plan.
@@ -484,18 +486,19 @@ impl Stages {
     fn name(&self, chain: &FnChain, s: usize) -> String {
         let (u, i) = self.at[s];
         let Some(unit) = chain.units.get(u) else {
-            return "the last statement".to_owned();
+            return chain.tail_name.to_owned();
         };
         if unit.looped {
-            format!("`{}` iteration {i}", unit.name)
+            format!("{} [{i}]", unit.name)
         } else {
-            format!("`{}`", unit.name)
+            unit.name.to_owned()
         }
     }
 }
 
 impl FnChain {
     /// A chain of `units` over `slots` slots.
+    #[allow(clippy::too_many_arguments)]
     pub const fn new(
         name: &'static str,
         slots: usize,
@@ -503,6 +506,7 @@ impl FnChain {
         tail: &'static [usize],
         tail_counts: bool,
         tail_out: &'static [usize],
+        tail_name: &'static str,
         schedule: ChainSchedule,
     ) -> FnChain {
         FnChain {
@@ -512,6 +516,7 @@ impl FnChain {
             tail,
             tail_counts,
             tail_out,
+            tail_name,
             schedule,
             plans: OnceLock::new(),
             display: OnceLock::new(),
@@ -563,7 +568,10 @@ impl FnChain {
                     None => {
                         let made = profile_env(self, stages, options, fns, env)
                             .and_then(|costs| costs.plan(&objective));
-                        let plan = made.unwrap_or_else(|e| panic!("{what}: {e}"));
+                        let names = (0..n).map(|i| stages.name(self, i)).collect();
+                        let plan = made
+                            .unwrap_or_else(|e| panic!("{what}: {e}"))
+                            .with_stage_names(names);
                         self.display.get_or_init(|| what.to_owned());
                         self.plans().insert(key, plan.clone());
                         plan
@@ -626,6 +634,23 @@ pub fn function_plans() -> Vec<FunctionPlan> {
         }
     }
     out
+}
+
+/// [`Plan::explain`] of every plan [`function_plans`] lists, each under its function and
+/// input: per stage (a statement, or an iteration of a layer loop) its name, the segment
+/// that holds it, its input and kept bytes and its forward time.
+///
+/// ```no_run
+/// # extern crate ckpt_runtime as ckpt;
+/// // after a training step of the model:
+/// println!("{}", ckpt::plan::explain());
+/// ```
+pub fn explain() -> String {
+    function_plans()
+        .iter()
+        .map(|p| format!("{}, input {}:\n{}", p.function, p.input, p.plan.explain()))
+        .collect::<Vec<_>>()
+        .join("\n\n")
 }
 
 /// Forgets the plans of every `#[checkpointed(segments = auto)]` / `budget` function: the
@@ -747,7 +772,7 @@ pub fn run_stages(
                 .collect(),
         );
         let seg_name = format!(
-            "{name} segment {} of {count}: stages {}..{}, {} to {} ({location})",
+            "{name} segment {} of {count}: stages {}..{}, `{}` to `{}` ({location})",
             k + 1,
             range.start,
             range.end,
