@@ -50,30 +50,101 @@ pub use ckpt_runtime::*;
 /// 2024. Generated code reaches the runtime through `::ckpt::...`, so the dependency must
 /// be named `ckpt`.
 ///
-/// # Arguments
+/// # Arguments: whole function, `segments = N`, markers, `auto`
 ///
-/// - `segments = N` (`N >= 2`, at most the number of statements): the body's `n`
-///   top-level statements are split into `N` groups balanced by statement count, group
-///   `k` holding statements `k·n/N .. (k+1)·n/N` (integer division: 4 statements and
-///   `segments = 3` give groups of 1, 1 and 2). Items (`use`, nested `fn`) do not count;
-///   they are hoisted. **The last group is not checkpointed**: it runs inline, since its
-///   activations are needed at once (as PyTorch's `checkpoint_sequential`).
+/// - **None**: `#[checkpointed]` checkpoints the **whole function as one segment** — the
+///   equivalent of PyTorch's `checkpoint(block, x)`. Put it on a block's own forward and
+///   the block is checkpointed wherever it is called from: the model's loop over its
+///   blocks, a `model!`, another forward. `return` and `?` work as without the attribute
+///   (the function's value is the segment's output). This is the common choice for a
+///   stack of blocks: one checkpoint per block.
 ///
-///   A statement is the unit: a `for` loop over layers is *one* statement, so it is
-///   checkpointed (or not) as a whole. To checkpoint a stack of layers block by block,
-///   write the blocks as statements, declare the model with [`model!`] (`blocks: [Block;
-///   n]` counts each block as a stage), or use [`checkpoint_sequential`].
+///   ```
+///   # use ckpt::checkpointed;
+///   # use tch::{nn, nn::Module, Device, Kind, Tensor};
+///   #[derive(Debug, ckpt::ShallowClone)]
+///   struct Block { attn: nn::Linear, mlp: nn::Linear }
+///
+///   impl Block {
+///       #[checkpointed] // one segment: the model's loop checkpoints block by block
+///       fn forward(&self, x: &Tensor) -> Tensor {
+///           let x = self.attn.forward(x).gelu("none") + x;
+///           self.mlp.forward(&x) + x
+///       }
+///   }
+///   # let vs = nn::VarStore::new(Device::Cpu);
+///   # let blocks: Vec<Block> = (0..2).map(|i| Block {
+///   #     attn: nn::linear(vs.root() / i / "a", 8, 8, Default::default()),
+///   #     mlp: nn::linear(vs.root() / i / "m", 8, 8, Default::default()),
+///   # }).collect();
+///   let mut x = Tensor::randn([4, 8], (Kind::Float, Device::Cpu));
+///   for block in &blocks {
+///       x = block.forward(&x);
+///   }
+///   x.sum(Kind::Float).backward();
+///   ```
+/// - `segments = N` (`N >= 2`): the body is a chain of **stages**, cut into `N` segments
+///   as PyTorch's `checkpoint_sequential` cuts modules ([`sequential_segments`]: every
+///   segment has `stages / N` stages, the last takes the rest). **The last segment is
+///   not checkpointed**: it runs inline, since its activations are needed at once. The
+///   stages are
+///   - each top-level statement (items such as `use` or a nested `fn` do not count;
+///     they are hoisted);
+///   - each **layer call of a method chain** in a `let` initializer or in the tail
+///     expression: tch writes whole forwards as one chain, `xs.view(..).apply(&self.conv1)
+///     .max_pool2d_default(2).apply(&self.conv2) ..`, which is cut before each layer call
+///     but the first, so that the value flowing into a layer is the stash (as with
+///     modules). A call applies a layer when it is `.apply(..)`, `.apply_t(..)`,
+///     `.forward(..)` or `.forward_t(..)`, or when an argument refers to module state
+///     (`&self.w`, `&self.blocks[i]`, a module parameter); the calls after it (views,
+///     activations, pooling, dropout) stay in its stage;
+///   - each **iteration of a layer loop**: a top-level `for` statement (`for b in
+///     self.blocks.iter()`, `for b in &self.blocks`, `.iter().enumerate()`,
+///     `.iter().zip(..)`, `for i in 0..n` with indexing), or a `fold` over layers bound by
+///     a `let` (`let x = self.blocks.iter().fold(x, |x, b| b.forward(&x, m));`) or as the
+///     tail expression. The number of iterations is known only at run time, so with a
+///     layer loop the cuts are computed at run time (at every call, from the iteration
+///     count), and the recompute re-derives an iteration's items from the loop's iterable:
+///     it may use only `self` and the function's parameters (`for b in blocks.iter()`
+///     over a local `blocks` is a compile error, with the fix). A `break` is a compile
+///     error (the number of iterations must be known before the loop runs); `continue`
+///     is fine. Values the loop assigns or mutates and that were declared before it
+///     (`let mut x` … `x = block.forward(&x, ..)`, several of them, a skip list that a
+///     U-Net pushes to and pops from) are its **loop-carried values**: they cross the
+///     cuts between iterations like any live value; values it only reads (masks, rotary
+///     tables, `train`) are passed to every segment that needs them.
+///
+///   Without a layer loop the stages are known at compile time, and `N` more than the
+///   stages is a compile error; with one, `N` is clamped at run time. `model!` cuts its
+///   chains with the same rule ([`sequential_segments`]).
 /// - Or explicit cuts: no `segments`, and [`cut!`]`();` statements between the body's
 ///   statements. Each marker ends a segment; what follows the last marker runs inline.
 ///   Markers must be statements of the body itself (not nested in a block), with a
-///   statement on each side; the two forms cannot be combined.
-/// - Or `segments = auto` / `budget = ".."`: the cuts are chosen at run time by the
-///   planner, from a profile of the statements (see [below](#automatic-cuts-segments--auto-and-budget)).
+///   statement on each side; the two forms cannot be combined. Between markers, chains
+///   and loops are not cut.
+/// - Or `segments = auto` / `budget = ".."`: the planner chooses the cuts between stages
+///   at run time from a profile of them (see [below](#automatic-cuts-segments--auto-and-budget)).
 /// - `preserve_rng_state = bool` (default `true`) and `determinism_check = bool`
 ///   (default `true`): as [`CheckpointOptions`].
 ///
-/// Unknown or duplicate keys, `segments = 0` or `1`, more segments than statements, bad
-/// budget strings, and misplaced markers are compile errors that say what is valid.
+/// **Which to use.** `#[checkpointed]` on a block's forward for a stack of blocks (each
+/// block recomputed on its own, the least memory for one extra forward); `segments = N`
+/// or `segments = auto` on a whole model's forward when its layers are not blocks of
+/// their own, or to checkpoint groups of blocks; markers to choose the cuts by hand.
+///
+/// **When it saves nothing, the compiler says so.** A checkpointed segment pays off when
+/// what it recomputes is larger than its inputs. Where the macro can see that it does
+/// not — a checkpointed segment (or the whole function) holding a whole layer loop (its
+/// recompute rebuilds every iteration's activations at once), or checkpointed segments
+/// with no layer call while the last, inline one has them — it emits a warning on the
+/// statement (``use of deprecated function `..::checkpointing_saves_little`: ckpt: ..``,
+/// the one warning a macro can give on stable Rust; `#[allow(deprecated)]` on the
+/// function silences it). At run time [`plan::explain`] shows every stage of the plans
+/// made so far with its bytes and the segment that holds it.
+///
+/// Unknown or duplicate keys, `segments = 0` or `1`, more segments than stages, bad
+/// budget strings, misplaced markers and layer loops that cannot be cut are compile
+/// errors that say what is valid.
 ///
 /// # How values cross a cut (liveness)
 ///
@@ -95,6 +166,18 @@ pub use ckpt_runtime::*;
 ///   binding that the segment uses and later code reads is an input *and* an output, so
 ///   a change made inside (`v.sort()`, `f(&mut n)`) is seen after the segment, as
 ///   without the attribute (the recompute starts again from the stashed value).
+/// - **values of the function** (its top-level `let`s, and parameters taken by value)
+///   that a segment assigns (`x = block.forward(&x)`) or mutates as a collection
+///   (`skips.push(..)`, `opt.take()`) are taken into the segment and given back: that is
+///   not a side effect, since the recompute starts again from the stashed value. A
+///   layer loop's carried values cross its cuts this way. (`op=`, in place on a tensor,
+///   and interior mutability, which reaches state shared with the outside, stay errors.)
+/// - **references**: a `let` that refers to a reference parameter or to a value of the
+///   function (`let residual = xs;` with `xs: &Tensor`, `let residual = &xs;`, as CLIP's
+///   encoder layer writes its skip connections) crosses a cut as what it refers to: a
+///   shallow clone goes through the stash and is rebound as a reference on the other
+///   side. A reference to module state (`let lin = &self.lin;`) cannot cross a cut: use
+///   `self.lin` where it is needed.
 /// - **parameters** `&Tensor`, `&Option<..>`, `&Vec<..>`, `&[T]`, `&str`, tuples,
 ///   arrays and numbers by reference enter the stash as shallow clones (or an owned
 ///   `Vec`/`String`) and are rebound as references inside, so the code types as written.
@@ -125,7 +208,8 @@ pub use ckpt_runtime::*;
 /// [`CkptError`] message, as tch's plain calls do.
 ///
 /// `return`, and `break`/`continue` that leave a segment, are errors in checkpointed
-/// segments: a segment is a closure. **Escape hatch:** the last segment runs inline, so
+/// segments: a segment is a closure (except when the whole function is the segment,
+/// where `return` leaves it as it leaves the function). **Escape hatch:** the last segment runs inline, so
 /// early returns belong there — put a [`cut!`]`();` before them, or choose `segments` so
 /// they land in the last group.
 ///
@@ -207,8 +291,9 @@ pub use ckpt_runtime::*;
 /// }
 /// ```
 ///
-/// The statements but the last are the *stages* of a chain that the planner
-/// ([`plan`]) cuts: `segments = auto` for the least predicted peak memory, `budget =
+/// The stages (statements, chain links, layer-loop iterations, as for `segments = N`) are
+/// a chain that the planner ([`plan`]) cuts: `segments = auto` for the least predicted
+/// peak memory, `budget =
 /// "512 MiB"` (bytes, with a unit) or `budget = "40%"` / `"0.4"` (of the plain run's
 /// predicted peak) for the least recompute time within that budget (`segments = auto,
 /// budget = ..` says the same). The budget string is checked at compile time.
@@ -235,12 +320,15 @@ pub use ckpt_runtime::*;
 ///   environment: one *slot* per binding that a later statement uses, holding the value
 ///   unpacked as its [`Stash`] tensors and a shared skeleton; a statement takes the
 ///   values it uses out of their slots (shallow copies when they are used again later)
-///   and puts back what it defines. A checkpointed segment is then any run-time range of
-///   statements: its stash is the slots its statements use that were defined before it
-///   (a value that is also needed after it stays outside, shallow-cloned), its outputs
-///   the slots it defines that are needed after it. Types flow through zero-sized
-///   witnesses returned by each statement's closure, so the compiler infers every value's
-///   type from the statement that made it: the macro still needs no types.
+///   and puts back what it defines; a layer loop's closure runs a range of its
+///   iterations. A checkpointed segment is then any run-time range of stages: its stash
+///   is the slots its stages use that were defined before it (a value that is also
+///   needed after it stays outside, shallow-cloned), its outputs the slots it defines
+///   that are needed after it. Types flow through zero-sized witnesses returned by each
+///   statement's closure, so the compiler infers every value's type from the statement
+///   that made it: the macro still needs no types. `segments = N` over a body with a
+///   layer loop works the same way, with [`sequential_segments`]' cuts instead of the
+///   planner's.
 /// - **What it asks of the code.** Every value that a later statement uses must be
 ///   [`Stash`] (a compile error on its binding otherwise, as for `segments = N`), since
 ///   any statement boundary may become a cut. The side-effect rules apply to every
@@ -248,18 +336,25 @@ pub use ckpt_runtime::*;
 ///   `?` are allowed only in the last statement (which may be a block); `&mut` parameters
 ///   likewise. `ckpt::cut!()` markers and `segments = N` cannot be combined with it. The
 ///   body needs at least 2 statements.
-/// - **The prediction.** The figures of [`plan`]'s cost model per statement; a stage's
+/// - **The prediction.** The figures of [`plan`]'s cost model per stage; a stage's
 ///   input bytes are those of every value live at its start (distinct storages), less
-///   the arguments' tensors, which the caller holds. On a 16-statement residual chain
-///   the measured peaks are within −5 % … +0.2 % of the predictions
-///   (`tests/plan_checkpointed.rs`).
-///   The last statement is not a stage: its own activations are not in the prediction.
+///   the arguments' tensors, which the caller holds. The last statement (which always
+///   runs inline) is profiled too, as the last stage, when it passes the side-effect
+///   rules and uses only values of the chain; otherwise its activations are not in the
+///   prediction. The measured peaks are within −5 % … +0.3 % of the predictions on a
+///   16-statement residual chain (`tests/plan_checkpointed.rs`) and on a 12-block loop
+///   with a head (`tests/forwards.rs`), for a training step whose loss consumes the
+///   output (`let loss = (model.forward(&x) * w).sum(..); loss.backward();`: an output
+///   the caller keeps through backward, or a temporary of the backward statement, is
+///   extra). [`plan::explain`] prints each stage's figures.
 ///
 /// # Errors at run time
 ///
 /// Segments are named `Type::method segment 2 of 3 (src/model.rs:42)` in [`CkptError`]
-/// messages (a panic in forward, a failed recompute in `loss.backward()`); with
-/// `segments = auto`, `Type::method segment 2 of 4: statements 3..5 (src/model.rs:42)`.
+/// messages (a panic in forward, a failed recompute in `loss.backward()`), a whole
+/// function `Type::method (src/model.rs:42)`; with cuts chosen at run time,
+/// ``Type::method segment 2 of 4: stages 3..5, `for b in self.blocks.iter() [1]` to `for b
+/// in self.blocks.iter() [3]` (src/model.rs:42)``.
 pub use ckpt_macros::checkpointed;
 
 /// Derives [`ShallowClone`](trait@ShallowClone) for a struct or an enum (generic ones
