@@ -229,7 +229,7 @@ pub use ckpt_runtime::*;
 /// | `inplace` | in-place tensor ops (`*_`, `f_*_` methods, `Tensor::relu_(&mut x)`) on a value that enters the segment or on `self` | `#[ckpt::allow(inplace)]` |
 /// | `io` | `println!`, `print!`, `eprintln!`, `eprint!`, `dbg!`, `write!`, `writeln!` | `#[ckpt::allow(io)]` (use [`is_recomputing`] to print once) |
 /// | `unsafe` | `unsafe` blocks | `#[ckpt::allow(unsafe)]` |
-/// | `mutation` | `borrow_mut`, `lock`, `set`, `replace`, `take`, `push`, `insert`, `remove`, `extend`, atomics `store`/`fetch_*`, .. on a value from outside the segment | `#[ckpt::allow(mutation)]` (e.g. `lock` of a read-only [`Shared`] module) |
+/// | `mutation` | `set`, `replace`, `take`, `push`, `insert`, `remove`, `extend`, atomics `store`/`fetch_*`, .. on a value from outside the segment, also through a lock or a `RefCell` borrow (`log.borrow_mut().push(..)`; taking the lock alone, as for a [`Shared`] module's `lock()`, is fine) | `#[ckpt::allow(mutation)]` |
 /// | `rng` | randomness outside libtorch: `rand::..`, `fastrand::..`, `thread_rng`, `gen`/`gen_range`/`sample`/`shuffle` on an outside generator | `#[ckpt::allow(rng)]` |
 /// | control flow | `return`, `break`/`continue` leaving the segment | placement: the last segment runs inline |
 ///

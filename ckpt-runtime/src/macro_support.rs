@@ -129,6 +129,11 @@ pub fn dup<T: ShallowClone + Stash>(value: &T) -> T {
     value.shallow_clone()
 }
 
+/// A shallow clone of the value an `Option<&T>` parameter refers to.
+pub fn dup_opt<T: ShallowClone + Stash>(value: Option<&T>) -> Option<T> {
+    value.map(T::shallow_clone)
+}
+
 /// Shallow clones of a `&[T]` parameter's elements.
 pub fn slice_to_vec<T: ShallowClone + Stash>(values: &[T]) -> Vec<T> {
     values.iter().map(T::shallow_clone).collect()
@@ -138,6 +143,11 @@ pub fn slice_to_vec<T: ShallowClone + Stash>(values: &[T]) -> Vec<T> {
 /// segments of the call.
 pub fn capture<T: ShallowClone + Send + 'static>(value: &T) -> Shared<T> {
     Shared::new(value.shallow_clone())
+}
+
+/// [`capture`] of an `Option<&T>` module parameter.
+pub fn capture_opt<T: ShallowClone + Send + 'static>(value: Option<&T>) -> Option<Shared<T>> {
+    value.map(capture)
 }
 
 /// Autoref specialization for `#[derive(ShallowClone)]`: `(&Dup(&field)).__ckpt_dup()`

@@ -12,7 +12,8 @@ use tch::{Device, Kind, Tensor};
 ///
 /// Implemented for [`Tensor`], tuples (up to 12), `Vec<T>`, arrays `[T; N]`,
 /// `Option<T>`, `Box<T>`, numbers, `bool`, `char`, `()`, `String`, `&'static str`,
-/// [`Kind`], [`Device`], and [`Carry<T>`] for any other `Clone + Send` value. Non-tensor
+/// [`Kind`], [`Device`], tch's recurrent states `nn::GRUState` and `nn::LSTMState`, and
+/// [`Carry<T>`] for any other `Clone + Send` value. Non-tensor
 /// values are carried as they are and are not differentiated.
 ///
 /// `#[checkpointed]` moves every value that is live across a cut through this trait;
@@ -183,6 +184,33 @@ tuples! {
     (A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9)
     (A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10)
     (A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11)
+}
+
+/// A GRU's state (tch's `nn::GRUState`, `[layers, batch, hidden]`): its tensor. Recurrent
+/// states carry the autograd history of the call, so they enter a segment as inputs.
+impl Stash for tch::nn::GRUState {
+    type Skeleton = ();
+    fn unpack(self, tensors: &mut Vec<Tensor>) {
+        tensors.push(self.0);
+    }
+    fn pack(_: &(), tensors: &mut std::vec::IntoIter<Tensor>) -> Self {
+        tch::nn::GRUState(Tensor::pack(&(), tensors))
+    }
+}
+
+/// An LSTM's state (tch's `nn::LSTMState`: `(h, c)`, each `[layers, batch, hidden]`).
+impl Stash for tch::nn::LSTMState {
+    type Skeleton = ();
+    fn unpack(self, tensors: &mut Vec<Tensor>) {
+        let (h, c) = self.0;
+        tensors.push(h);
+        tensors.push(c);
+    }
+    fn pack(_: &(), tensors: &mut std::vec::IntoIter<Tensor>) -> Self {
+        let h = Tensor::pack(&(), tensors);
+        let c = Tensor::pack(&(), tensors);
+        tch::nn::LSTMState((h, c))
+    }
 }
 
 impl<T: Clone> crate::ShallowClone for Carry<T> {

@@ -44,12 +44,9 @@ pub(crate) enum Pass {
     Move,
     /// A shallow clone goes into the stash; the original stays for later statements.
     Dup,
-    /// A `&T` parameter: a shallow clone goes in, rebound as `&T` inside.
-    RefData,
-    /// A `&[T]` parameter: a `Vec<T>` of shallow clones goes in, rebound as `&[T]`.
-    RefSlice,
-    /// A `&str` parameter: a `String` goes in, rebound as `&str`.
-    RefStr,
+    /// A reference to data (a parameter or a reference `let` of this kind,
+    /// [`ParamKind::by_ref`]): a shallow clone goes in, rebound as the reference inside.
+    ByRef(ParamKind),
 }
 
 /// A value entering a checkpointed segment through its stash.
@@ -138,7 +135,7 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
     }
     let module_params: Vec<String> = params
         .iter()
-        .filter(|(_, k)| *k == ParamKind::Capture)
+        .filter(|(_, k)| k.captured())
         .map(|(b, _)| b.ident.to_string())
         .collect();
 
@@ -307,7 +304,7 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
                     continue; // not a binding of this function (a function, a constant, ..)
                 };
                 let pass = match kind {
-                    Some(ParamKind::Capture) => {
+                    Some(ParamKind::Capture | ParamKind::OptCapture) => {
                         group.captures.push(binding.ident.clone());
                         if !captures.iter().any(|c| c == &binding.ident) {
                             captures.push(binding.ident.clone());
@@ -343,10 +340,8 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
                         );
                         continue;
                     }
-                    Some(ParamKind::RefData) => Pass::RefData,
-                    Some(ParamKind::RefSlice) => Pass::RefSlice,
-                    Some(ParamKind::RefStr) => Pass::RefStr,
-                    Some(ParamKind::Owned) | None => {
+                    Some(k) if k.by_ref() => Pass::ByRef(*k),
+                    Some(_) | None => {
                         if live_out.contains(name) && !defined.contains(name) {
                             Pass::Dup
                         } else {
@@ -585,11 +580,10 @@ const IO_MACROS: &[&str] = &[
 ];
 const EARLY_EXIT_MACROS: &[&str] = &["bail", "ensure"];
 /// Interior mutability: changes a value through a shared reference (with `fetch_*`).
+/// Taking a lock or a `RefCell` borrow is not in the list: reading through it is fine
+/// (a `ckpt::Shared` module's `lock()`), and a change through it is seen on what it
+/// locks ([`GUARD_METHODS`]).
 const INTERIOR_METHODS: &[&str] = &[
-    "borrow_mut",
-    "lock",
-    "try_lock",
-    "write",
     "set",
     "store",
     "compare_exchange",
@@ -675,7 +669,8 @@ fn root(e: &Expr) -> Root {
         // A shallow clone shares storage with what it was cloned from; the others
         // return a reference into their receiver.
         Expr::MethodCall(m)
-            if m.args.is_empty() && ALIASING_METHODS.contains(&&*m.method.to_string()) =>
+            if (m.args.is_empty() && ALIASING_METHODS.contains(&&*m.method.to_string()))
+                || is_guard(m) =>
         {
             root(&m.receiver)
         }
@@ -686,6 +681,20 @@ fn root(e: &Expr) -> Root {
 /// Methods whose result refers to their receiver (`clone` is not one: on a `Vec` it is
 /// a copy; an `Arc` cloned out of `self` is not followed).
 const ALIASING_METHODS: &[&str] = &["shallow_clone", "as_ref", "as_deref", "borrow", "deref"];
+
+/// Methods (without arguments) that give mutable access to what their receiver holds: a
+/// change through their result (`self.cache.lock().push(x)`, `*last.lock().unwrap() =
+/// ..`, `let g = log.borrow_mut(); g.clear()`) is a change of the receiver.
+const GUARD_METHODS: &[&str] = &["lock", "try_lock", "borrow_mut", "write", "get_mut"];
+
+/// Whether `m` is a guard method call, or `unwrap` / `expect` of one.
+fn is_guard(m: &syn::ExprMethodCall) -> bool {
+    let name = m.method.to_string();
+    match &*name {
+        "unwrap" | "expect" => matches!(&*m.receiver, Expr::MethodCall(r) if is_guard(r)),
+        _ => m.args.is_empty() && GUARD_METHODS.contains(&&*name),
+    }
+}
 
 /// How a local refers to a value from outside the segment, which decides the rules that
 /// follow it there.
@@ -864,9 +873,7 @@ impl<'c> Walker<'c> {
                     return None;
                 }
                 match self.outer.get(&name)? {
-                    Some(k @ (ParamKind::RefData | ParamKind::RefSlice | ParamKind::RefStr)) => {
-                        Some(*k)
-                    }
+                    Some(k) if k.by_ref() => Some(*k),
                     _ => None,
                 }
             }
@@ -973,6 +980,10 @@ impl<'c> Walker<'c> {
             Expr::Reference(r) => (&*r.expr, AliasKind::Shared),
             Expr::MethodCall(m) if m.method == "shallow_clone" && m.args.is_empty() => {
                 (&*m.receiver, AliasKind::Handle)
+            }
+            // A lock's or a `RefCell`'s guard: mutable access to what it locks.
+            Expr::MethodCall(m) if is_guard(m) && !matches!(root(init), Root::Unknown) => {
+                (init, AliasKind::Full)
             }
             Expr::MethodCall(_) if !matches!(root(init), Root::Unknown) => {
                 (init, AliasKind::Shared)
@@ -1134,7 +1145,7 @@ impl<'c> Walker<'c> {
             self.violation(Rule::Rng, node, message);
         } else {
             let message = format!(
-                "`{method}` on `{root}`, which is not bound inside this checkpointed {segment}: interior mutability and collection mutation would happen again when backward replays the segment; build a new value inside the segment, or lift the rule with `#[ckpt::allow(mutation)]` (for example for the `lock` of a read-only `ckpt::Shared` module)",
+                "`{method}` on `{root}`, which is not bound inside this checkpointed {segment}: interior mutability and collection mutation would happen again when backward replays the segment; build a new value inside the segment, or lift the rule with `#[ckpt::allow(mutation)]`",
                 segment = self.segment,
             );
             self.violation(Rule::Mutation, node, message);

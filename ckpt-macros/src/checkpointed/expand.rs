@@ -122,7 +122,7 @@ pub(crate) fn expand(func: &Function, args: &Args, plan: &Plan) -> TokenStream {
     let module_params: Vec<String> = plan
         .params
         .iter()
-        .filter(|(_, k)| *k == ParamKind::Capture)
+        .filter(|(_, k)| k.captured())
         .map(|(b, _)| b.ident.to_string())
         .collect();
     let modules = Modules {
@@ -190,8 +190,8 @@ fn expand_whole(func: &Function, args: &Args, plan: &Plan, warn: &TokenStream) -
     let prelude = prelude(args, plan, &plan.groups, &options, &shared_self);
     let group = &plan.groups[0];
     let name = segment_name_tokens(func, plan, 0, 1, group);
-    let inputs = SegmentInputs::new(group);
-    let (clones, locks) = module_state(group.uses_self, &group.captures, &shared_self);
+    let inputs = SegmentInputs::new(func, group);
+    let (clones, locks) = module_state(plan, group.uses_self, &group.captures, &shared_self);
     let body = plan.stmts.iter().map(|s| emit_stmt(s, true));
     let SegmentInputs {
         closure_param,
@@ -258,7 +258,11 @@ fn prelude(
     };
     let captures = plan.captures.iter().map(|c| {
         let shared = capture_ident(c);
-        quote_spanned!(c.span()=> let #shared = ::ckpt::__private::capture(#c);)
+        if optional_capture(plan, c) {
+            quote_spanned!(c.span()=> let #shared = ::ckpt::__private::capture_opt(#c);)
+        } else {
+            quote_spanned!(c.span()=> let #shared = ::ckpt::__private::capture(#c);)
+        }
     });
     quote! {
         let #options = ::ckpt::__private::CheckpointOptions::new() #preserve #determinism;
@@ -289,6 +293,7 @@ fn allow_unused_mut_params(sig: &syn::Signature) -> syn::Signature {
 /// clones moved into its closure, and the locks taken inside it that rebind `self` (as
 /// `__ckpt_self`) and the parameters by name.
 fn module_state(
+    plan: &Plan,
     uses_self: bool,
     captures: &[Ident],
     shared_self: &Ident,
@@ -306,9 +311,23 @@ fn module_state(
         let guard = format_ident!("{}_guard", shared);
         clones
             .push(quote!(let #shared = ::ckpt::__private::ShallowClone::shallow_clone(&#shared);));
-        locks.push(quote!(let #guard = #shared.lock(); let #c = &*#guard;));
+        if optional_capture(plan, c) {
+            locks.push(quote! {
+                let #guard = #shared.as_ref().map(::ckpt::__private::Shared::lock);
+                let #c = #guard.as_deref();
+            });
+        } else {
+            locks.push(quote!(let #guard = #shared.lock(); let #c = &*#guard;));
+        }
     }
     (clones, locks)
+}
+
+/// Whether the module parameter `c` is an `Option<&T>` ([`ParamKind::OptCapture`]).
+fn optional_capture(plan: &Plan, c: &Ident) -> bool {
+    plan.params
+        .iter()
+        .any(|(b, k)| &b.ident == c && *k == ParamKind::OptCapture)
 }
 
 fn capture_ident(param: &Ident) -> Ident {
@@ -361,6 +380,65 @@ fn segment_name_tokens(
     }
 }
 
+/// The `T` of a parameter `name: impl Borrow<T>` of `func`.
+fn borrowed_type(func: &Function, name: &Ident) -> Option<syn::Type> {
+    func.sig.inputs.iter().find_map(|arg| match arg {
+        syn::FnArg::Typed(pt) if matches!(&*pt.pat, Pat::Ident(p) if &p.ident == name) => {
+            let syn::Type::ImplTrait(it) = &*pt.ty else {
+                return None;
+            };
+            it.bounds.iter().find_map(|b| match b {
+                syn::TypeParamBound::Trait(t) => {
+                    let last = t.path.segments.last()?;
+                    let syn::PathArguments::AngleBracketed(a) = &last.arguments else {
+                        return None;
+                    };
+                    match a.args.first()? {
+                        syn::GenericArgument::Type(ty) if last.ident == "Borrow" => {
+                            Some(ty.clone())
+                        }
+                        _ => None,
+                    }
+                }
+                _ => None,
+            })
+        }
+        _ => None,
+    })
+}
+
+/// What goes into the stash for `ident`, a reference to data of `kind`
+/// ([`ParamKind::by_ref`]): a shallow clone of what it refers to.
+fn ref_to_stash(func: &Function, kind: ParamKind, ident: &Ident) -> TokenStream {
+    let sp = ident.span();
+    match kind {
+        ParamKind::RefSlice => quote_spanned!(sp=> ::ckpt::__private::slice_to_vec(#ident)),
+        ParamKind::RefStr => {
+            quote_spanned!(sp=> ::ckpt::__private::stash(::std::string::String::from(#ident)))
+        }
+        ParamKind::OptRefData => quote_spanned!(sp=> ::ckpt::__private::dup_opt(#ident)),
+        ParamKind::Borrowed => {
+            let ty = borrowed_type(func, ident).map_or_else(|| quote!(_), |t| quote!(#t));
+            quote_spanned!(sp=> ::ckpt::__private::dup(::core::borrow::Borrow::<#ty>::borrow(&#ident)))
+        }
+        _ => quote_spanned!(sp=> ::ckpt::__private::dup(#ident)),
+    }
+}
+
+/// `let ident = ..;` rebinding `ident` as the reference of `kind` it was, to `from`, the
+/// owned shallow clone that crossed the cut. An `impl Borrow<T>` parameter stays the owned
+/// `T` (itself `Borrow<T>`, so `xs.borrow()` reads as before).
+fn ref_rebind(kind: ParamKind, ident: &Ident, from: &Ident) -> TokenStream {
+    match kind {
+        ParamKind::RefSlice => quote!(let #ident: &[_] = &#from;),
+        ParamKind::RefStr => quote!(let #ident: &str = &#from;),
+        ParamKind::OptRefData => quote!(let #ident = #from.as_ref();),
+        ParamKind::Borrowed if ident == from => TokenStream::new(),
+        ParamKind::Borrowed => quote!(let #ident = #from;),
+        _ => quote!(let #ident = &#from;),
+    }
+}
+
 /// What goes into a segment's stash and how it is rebound inside its closure.
 struct SegmentInputs {
     /// The closure's parameter (`__ckpt_input`, or `_: ()` without inputs).
@@ -374,32 +452,24 @@ struct SegmentInputs {
 }
 
 impl SegmentInputs {
-    fn new(group: &SegmentGroup) -> Self {
+    fn new(func: &Function, group: &SegmentGroup) -> Self {
         let mut in_exprs = Vec::new();
         let mut in_pats = Vec::new();
         let mut rebinds = Vec::new();
         for input in &group.inputs {
             let ident = &input.binding.ident;
             let sp = ident.span();
-            let expr = match input.pass {
+            in_exprs.push(match input.pass {
                 Pass::Move => quote_spanned!(sp=> ::ckpt::__private::stash(#ident)),
                 Pass::Dup => quote_spanned!(sp=> ::ckpt::__private::dup(&#ident)),
-                Pass::RefData => quote_spanned!(sp=> ::ckpt::__private::dup(#ident)),
-                Pass::RefSlice => quote_spanned!(sp=> ::ckpt::__private::slice_to_vec(#ident)),
-                Pass::RefStr => {
-                    quote_spanned!(sp=> ::ckpt::__private::stash(::std::string::String::from(#ident)))
-                }
-            };
-            in_exprs.push(expr);
-            in_pats.push(match input.pass {
-                Pass::Move | Pass::Dup => binding_pat(&input.binding),
-                _ => quote!(#ident),
+                Pass::ByRef(kind) => ref_to_stash(func, kind, ident),
             });
             match input.pass {
-                Pass::RefData => rebinds.push(quote!(let #ident = &#ident;)),
-                Pass::RefSlice => rebinds.push(quote!(let #ident: &[_] = &#ident;)),
-                Pass::RefStr => rebinds.push(quote!(let #ident: &str = &#ident;)),
-                Pass::Move | Pass::Dup => {}
+                Pass::Move | Pass::Dup => in_pats.push(binding_pat(&input.binding)),
+                Pass::ByRef(kind) => {
+                    in_pats.push(quote!(#ident));
+                    rebinds.push(ref_rebind(kind, ident, ident));
+                }
             }
         }
         let input = mixed("__ckpt_input");
@@ -426,16 +496,11 @@ impl SegmentInputs {
 /// How a binding leaves a segment (or a stage, into its slot): by value, or, for a `let`
 /// that holds a reference to data, as a shallow clone (`dup`, `slice_to_vec`, an owned
 /// `String`) that is rebound as a reference afterwards.
-fn out_value(b: &Binding, plan: &Plan) -> TokenStream {
+fn out_value(func: &Function, b: &Binding, plan: &Plan) -> TokenStream {
     let ident = &b.ident;
-    let sp = ident.span();
     match plan.ref_lets.get(&b.id) {
-        Some(ParamKind::RefSlice) => quote_spanned!(sp=> ::ckpt::__private::slice_to_vec(#ident)),
-        Some(ParamKind::RefStr) => {
-            quote_spanned!(sp=> ::ckpt::__private::stash(::std::string::String::from(#ident)))
-        }
-        Some(_) => quote_spanned!(sp=> ::ckpt::__private::dup(#ident)),
-        None => quote_spanned!(sp=> ::ckpt::__private::stash(#ident)),
+        Some(kind) => ref_to_stash(func, *kind, ident),
+        None => quote_spanned!(ident.span()=> ::ckpt::__private::stash(#ident)),
     }
 }
 
@@ -456,11 +521,7 @@ fn out_pattern(b: &Binding, plan: &Plan) -> (TokenStream, Option<TokenStream>) {
         None => (binding_pat(b), None),
         Some(kind) => {
             let own = owner_ident(b);
-            let rebind = match kind {
-                ParamKind::RefSlice => quote!(let #ident: &[_] = &#own;),
-                ParamKind::RefStr => quote!(let #ident: &str = &#own;),
-                _ => quote!(let #ident = &#own;),
-            };
+            let rebind = ref_rebind(*kind, ident, &own);
             (quote!(#own), Some(rebind))
         }
     }
@@ -483,13 +544,17 @@ fn segment(
         destructure,
         rebinds,
         value: input_value,
-    } = SegmentInputs::new(group);
+    } = SegmentInputs::new(func, group);
 
     // Module state: `self` and `&Module` parameters, one shared shallow clone per call.
-    let (clones, locks) = module_state(group.uses_self, &group.captures, shared_self);
+    let (clones, locks) = module_state(plan, group.uses_self, &group.captures, shared_self);
 
     // Outputs: bindings defined here and used later.
-    let out_exprs: Vec<TokenStream> = group.outputs.iter().map(|b| out_value(b, plan)).collect();
+    let out_exprs: Vec<TokenStream> = group
+        .outputs
+        .iter()
+        .map(|b| out_value(func, b, plan))
+        .collect();
     let (out_pats, out_rebinds): (Vec<TokenStream>, Vec<Option<TokenStream>>) =
         group.outputs.iter().map(|b| out_pattern(b, plan)).unzip();
     let has_outputs = !out_exprs.is_empty();
@@ -602,7 +667,7 @@ fn expand_runtime(
         let used = stages
             .iter()
             .any(|g| g.inputs.iter().any(|i| i.binding.id == b.id));
-        if used && !matches!(kind, ParamKind::Capture | ParamKind::RefMut) {
+        if used && !kind.captured() && *kind != ParamKind::RefMut {
             let s = slot_of.len();
             slot_of.insert(b.id, s);
             param_slots.push((s, b, *kind));
@@ -643,12 +708,8 @@ fn expand_runtime(
         .tail_uses
         .iter()
         .filter_map(|(b, kind)| match kind {
-            Some(ParamKind::Capture | ParamKind::RefMut) => None,
-            Some(ParamKind::RefData | ParamKind::RefSlice | ParamKind::RefStr)
-                if is_param(b.id) =>
-            {
-                None
-            }
+            Some(k) if k.captured() || *k == ParamKind::RefMut => None,
+            Some(k) if k.by_ref() && is_param(b.id) => None,
             _ => slot_of.get(&b.id).map(|&s| (b, s)),
         })
         .collect();
@@ -673,17 +734,17 @@ fn expand_runtime(
     let tail_captures: Vec<Ident> = plan
         .tail_uses
         .iter()
-        .filter(|(_, k)| matches!(k, Some(ParamKind::Capture)))
+        .filter(|(_, k)| k.is_some_and(ParamKind::captured))
         .map(|(b, _)| b.ident.clone())
         .collect();
     let probe_ok = matches!(schedule, Schedule::Auto(_))
         && plan.tail_pure
         && (!last.uses_self || stages.iter().any(|g| g.uses_self))
         && tail_captures.iter().all(|c| plan.captures.contains(c))
-        && plan.tail_uses.iter().all(|(b, kind)| match kind {
-            Some(ParamKind::Capture) => true,
-            _ => slot_of.contains_key(&b.id),
-        });
+        && plan
+            .tail_uses
+            .iter()
+            .all(|(b, kind)| kind.is_some_and(ParamKind::captured) || slot_of.contains_key(&b.id));
     let tail_out: Option<usize> = probe_ok.then_some(slots);
     let slots = slots + usize::from(probe_ok);
 
@@ -708,20 +769,10 @@ fn expand_runtime(
         let ident = &b.ident;
         let w = witness(*s);
         let sp = ident.span();
-        let (probe, value) = match kind {
-            ParamKind::RefData => (
-                quote!(#ident),
-                quote_spanned!(sp=> ::ckpt::__private::dup(#ident)),
-            ),
-            ParamKind::RefSlice => (
-                quote!(#ident),
-                quote_spanned!(sp=> ::ckpt::__private::slice_to_vec(#ident)),
-            ),
-            ParamKind::RefStr => (
-                quote!(#ident),
-                quote_spanned!(sp=> ::std::string::String::from(#ident)),
-            ),
-            _ => (quote!(&#ident), quote!(#ident)),
+        let (probe, value) = if kind.by_ref() {
+            (quote!(#ident), ref_to_stash(func, *kind, ident))
+        } else {
+            (quote!(&#ident), quote!(#ident))
         };
         quote_spanned! {sp=>
             let #w = ::ckpt::__private::put_param(
@@ -744,7 +795,7 @@ fn expand_runtime(
         stage_names.push(stage_ident.clone());
         let outs = &unit_outputs[i];
         let out_slots: Vec<usize> = outs.iter().map(|b| slot_of[&b.id]).collect();
-        let (clones, locks) = module_state(g.uses_self, &g.captures, &shared_self);
+        let (clones, locks) = module_state(plan, g.uses_self, &g.captures, &shared_self);
         let init_only = &plan.init_only[i];
         let mut takes = Vec::new();
         let mut init_takes = Vec::new();
@@ -762,11 +813,10 @@ fn expand_runtime(
             let take =
                 quote_spanned!(ident.span()=> ::ckpt::__private::take(#stage_env, #s, #w, #keep));
             let stmt = match ref_kind(input.binding.id) {
-                Some(ParamKind::RefData) => quote!(let #ident = #take; let #ident = &#ident;),
-                Some(ParamKind::RefSlice) => {
-                    quote!(let #ident = #take; let #ident: &[_] = &#ident;)
+                Some(k) if k.by_ref() => {
+                    let rebind = ref_rebind(k, ident, ident);
+                    quote!(let #ident = #take; #rebind)
                 }
-                Some(ParamKind::RefStr) => quote!(let #ident = #take; let #ident: &str = &#ident;),
                 _ => quote!(#[allow(unused_mut, unused_variables)] let #pat = #take;),
             };
             if init_only.contains(&input.binding.id) {
@@ -811,7 +861,7 @@ fn expand_runtime(
                 let ident = &b.ident;
                 let s = slot_of[&b.id];
                 let value = match plan.ref_lets.get(&b.id) {
-                    Some(_) => out_value(b, plan),
+                    Some(_) => out_value(func, b, plan),
                     None => quote!(#ident),
                 };
                 quote_spanned!(ident.span()=> ::ckpt::__private::put(#stage_env, #s, #value))
@@ -855,7 +905,7 @@ fn expand_runtime(
 
     let probe = match tail_out {
         Some(out) => {
-            let (clones, locks) = module_state(last.uses_self, &tail_captures, &shared_self);
+            let (clones, locks) = module_state(plan, last.uses_self, &tail_captures, &shared_self);
             let takes = plan.tail_uses.iter().filter_map(|(b, _)| {
                 let s = *slot_of.get(&b.id)?;
                 let ident = &b.ident;
@@ -863,12 +913,9 @@ fn expand_runtime(
                 let take = quote_spanned!(ident.span()=> ::ckpt::__private::take(#stage_env, #s, #w, true));
                 let pat = binding_pat(b);
                 Some(match ref_kind(b.id) {
-                    Some(ParamKind::RefData) => quote!(let #ident = #take; let #ident = &#ident;),
-                    Some(ParamKind::RefSlice) => {
-                        quote!(let #ident = #take; let #ident: &[_] = &#ident;)
-                    }
-                    Some(ParamKind::RefStr) => {
-                        quote!(let #ident = #take; let #ident: &str = &#ident;)
+                    Some(k) if k.by_ref() => {
+                        let rebind = ref_rebind(k, ident, ident);
+                        quote!(let #ident = #take; #rebind)
                     }
                     _ => quote!(#[allow(unused_mut, unused_variables)] let #pat = #take;),
                 })

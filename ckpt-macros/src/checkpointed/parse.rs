@@ -57,45 +57,148 @@ pub(crate) enum ParamKind {
     /// shallow-cloned.
     Owned,
     /// `&T` with `T` tensor data (`&Tensor`, `&Option<Tensor>`, `&Vec<..>`, tuples,
-    /// arrays, numbers): a shallow clone through the stash, rebound as `&T` inside.
+    /// arrays, numbers, recurrent states): a shallow clone through the stash, rebound as
+    /// `&T` inside.
     RefData,
     /// `&[T]`: a `Vec<T>` of shallow clones through the stash, rebound as `&[T]`.
     RefSlice,
     /// `&str`: a `String` through the stash, rebound as `&str`.
     RefStr,
+    /// `Option<&T>` with `T` tensor data (tch's usual mask argument): an `Option<T>` of a
+    /// shallow clone through the stash, rebound as `Option<&T>`.
+    OptRefData,
+    /// `impl Borrow<T>` (`T` tensor data): a shallow clone of the borrowed value through
+    /// the stash, rebound as `&T` (which is `Borrow<T>` too).
+    Borrowed,
     /// `&T` with any other `T` (a module): captured by one `ShallowClone` per call,
     /// shared by the segments through `ckpt::Shared`.
     Capture,
+    /// `Option<&T>` with a module `T`: captured as [`ParamKind::Capture`] when present.
+    OptCapture,
     /// `&mut T`: cannot enter a checkpointed segment.
     RefMut,
 }
 
-/// Type names that `&T` parameters go through the stash for (tensor data); other `&T`
-/// are captured as module state.
+impl ParamKind {
+    /// Whether the parameter refers to data that crosses a cut as a shallow clone and is
+    /// rebound as a reference on the other side.
+    pub(crate) fn by_ref(self) -> bool {
+        matches!(
+            self,
+            ParamKind::RefData
+                | ParamKind::RefSlice
+                | ParamKind::RefStr
+                | ParamKind::OptRefData
+                | ParamKind::Borrowed
+        )
+    }
+
+    /// Whether the parameter is module state, captured like `self`.
+    pub(crate) fn captured(self) -> bool {
+        matches!(self, ParamKind::Capture | ParamKind::OptCapture)
+    }
+}
+
+/// Type names that `&T` parameters go through the stash for (tensor data, and recurrent
+/// states, which carry the autograd history of the call); other `&T` are captured as
+/// module state.
 const DATA_TYPES: &[&str] = &[
-    "Tensor", "Option", "Vec", "Box", "Kind", "Device", "String", "bool", "char", "i8", "i16",
-    "i32", "i64", "i128", "isize", "u8", "u16", "u32", "u64", "u128", "usize", "f32", "f64",
+    "Tensor",
+    "Option",
+    "Vec",
+    "Box",
+    "Kind",
+    "Device",
+    "String",
+    "bool",
+    "char",
+    "i8",
+    "i16",
+    "i32",
+    "i64",
+    "i128",
+    "isize",
+    "u8",
+    "u16",
+    "u32",
+    "u64",
+    "u128",
+    "usize",
+    "f32",
+    "f64",
+    "GRUState",
+    "LSTMState",
 ];
+
+/// Whether `ty` (a referent) is tensor data rather than module state.
+fn is_data(ty: &Type) -> bool {
+    match ty {
+        Type::Path(p) if p.qself.is_none() => p
+            .path
+            .segments
+            .last()
+            .is_some_and(|last| DATA_TYPES.iter().any(|t| last.ident == t)),
+        Type::Tuple(_) | Type::Array(_) | Type::Slice(_) => true,
+        Type::Paren(p) => is_data(&p.elem),
+        _ => false,
+    }
+}
+
+/// The `T` of `Option<&T>` (immutable reference), if `ty` is one.
+fn option_of_ref(ty: &Type) -> Option<&Type> {
+    let Type::Path(p) = ty else { return None };
+    let last = p.path.segments.last()?;
+    if p.qself.is_some() || last.ident != "Option" {
+        return None;
+    }
+    let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    match args.args.first()? {
+        syn::GenericArgument::Type(Type::Reference(r)) if r.mutability.is_none() => Some(&r.elem),
+        _ => None,
+    }
+}
+
+/// Whether `ty` is `impl Borrow<..>`.
+fn is_impl_borrow(ty: &Type) -> bool {
+    let Type::ImplTrait(it) = ty else {
+        return false;
+    };
+    it.bounds.iter().any(|b| {
+        matches!(b, syn::TypeParamBound::Trait(t)
+            if t.path.segments.last().is_some_and(|s| s.ident == "Borrow"))
+    })
+}
 
 /// Classifies a parameter by the syntax of its type (the macro has no type information).
 pub(crate) fn param_kind(pat: &Pat, ty: &Type) -> ParamKind {
+    if !matches!(pat, Pat::Ident(_)) {
+        return match ty {
+            Type::Reference(r) if r.mutability.is_some() => ParamKind::RefMut,
+            _ => ParamKind::Owned,
+        };
+    }
+    if let Some(inner) = option_of_ref(ty) {
+        return if is_data(inner) {
+            ParamKind::OptRefData
+        } else {
+            ParamKind::OptCapture
+        };
+    }
+    if is_impl_borrow(ty) {
+        return ParamKind::Borrowed;
+    }
     let Type::Reference(r) = ty else {
         return ParamKind::Owned;
     };
     if r.mutability.is_some() {
         return ParamKind::RefMut;
     }
-    if !matches!(pat, Pat::Ident(_)) {
-        return ParamKind::Owned;
-    }
     match &*r.elem {
         Type::Slice(_) => ParamKind::RefSlice,
         Type::Path(p) if p.qself.is_none() && p.path.is_ident("str") => ParamKind::RefStr,
-        Type::Path(p) if p.qself.is_none() => match p.path.segments.last() {
-            Some(last) if DATA_TYPES.iter().any(|t| last.ident == t) => ParamKind::RefData,
-            _ => ParamKind::Capture,
-        },
-        Type::Tuple(_) | Type::Array(_) => ParamKind::RefData,
+        elem if is_data(elem) => ParamKind::RefData,
         Type::Paren(p) => param_kind(
             pat,
             &Type::Reference(syn::TypeReference {
