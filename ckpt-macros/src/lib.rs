@@ -9,6 +9,8 @@ mod args;
 mod budget;
 mod checkpointed;
 mod ctxt;
+#[cfg(test)]
+mod fuzz;
 mod model;
 mod shallow_clone;
 
