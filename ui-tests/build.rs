@@ -1,17 +1,20 @@
-//! Generates the random straight-line programs of the property test (`tests/prop.rs`).
+//! Generates the random programs of the property test (`tests/prop.rs`): 1,000 by default
+//! (`CKPT_PROP_PROGRAMS` draws another number).
 //!
 //! A proc macro needs its input at compile time, so the programs are drawn here, with
 //! proptest's strategies and a fixed seed (`CKPT_PROP_SEED` draws another set), and
 //! written to `$OUT_DIR/programs.rs` twice each: plain, and under `#[ckpt::checkpointed]`
-//! with a random `segments = N` or random `ckpt::cut!()` markers. The test then compares
-//! the two on random inputs. Each program is a chain of `let` statements over tensor ops
-//! (unary ops, products with weight matrices captured from a module parameter, scalar
-//! products, dropout with `train`, sums and products of two earlier values), with names
-//! drawn from a small pool so that `let` shadowing is frequent and skip connections cross
-//! cuts, sometimes tuple patterns, and layer loops over the module's `layers` (a `for`
-//! over `iter()`, `enumerate()` or an index range, with one or two loop-carried `let mut`
-//! values and an earlier value read inside, or a `fold`): under `segments = N` their
-//! iterations are stages cut at run time, under markers they run whole.
+//! with a random `segments = N`, random `ckpt::cut!()` markers or `segments = auto`. The
+//! test then compares the two on random inputs. Each program is a chain of statements
+//! over tensor ops (unary ops, products with weight matrices captured from a module
+//! parameter, scalar products, dropout with `train`, sums and products of two earlier
+//! values), with names drawn from a small pool so that `let` shadowing is frequent and
+//! several values and skip connections cross cuts: `let`s of expressions, tuple and
+//! struct patterns, nested blocks, `if` and `match`, closures used inside a block, `?`
+//! (the programs return `Result`), and layer loops over the module's `layers` (a `for`
+//! over `iter()`, `enumerate()`, an index range or `&Vec`, with one or two loop-carried
+//! `let mut` values and an earlier value read inside, or a `fold`): under `segments = N`
+//! their iterations are stages cut at run time, under markers they run whole.
 
 use std::fmt::Write;
 
@@ -20,56 +23,62 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
-const PROGRAMS: usize = 48;
+/// Programs drawn by default; `CKPT_PROP_PROGRAMS` draws another number.
+const PROGRAMS: usize = 1_000;
 const NAMES: [&str; 5] = ["a", "b", "c", "d", "e"];
 
 /// One statement's random choices; operands are resolved modulo what is defined.
 #[derive(Debug, Clone)]
 struct RawStmt {
     target: usize,
+    /// The statement's form (see [`render_stmt`]).
+    kind: u8,
     op: u8,
+    op2: u8,
     lhs: u32,
     rhs: u32,
-    tuple: bool,
-    /// 0..=4: a layer loop of that form instead of a `let` (about one statement in six).
-    looped: Option<u8>,
 }
 
 #[derive(Debug, Clone)]
 struct RawProgram {
     stmts: Vec<RawStmt>,
     segments: u32,
+    /// `Some`: cut markers instead of `segments`.
     cuts: Option<Vec<u32>>,
+    /// `segments = auto` instead of a count (when no markers).
+    auto: bool,
     outputs: (u32, u32),
 }
 
 fn raw_program() -> impl Strategy<Value = RawProgram> {
     let stmt = (
         0..NAMES.len(),
+        0u8..20,
+        0u8..10,
         0u8..10,
         any::<u32>(),
         any::<u32>(),
-        prop::bool::weighted(0.15),
-        prop::option::weighted(0.17, 0u8..5),
     )
-        .prop_map(|(target, op, lhs, rhs, tuple, looped)| RawStmt {
+        .prop_map(|(target, kind, op, op2, lhs, rhs)| RawStmt {
             target,
+            kind,
             op,
+            op2,
             lhs,
             rhs,
-            tuple,
-            looped,
         });
     (
         vec(stmt, 2..14),
         any::<u32>(),
         prop::option::weighted(0.3, vec(any::<u32>(), 1..4)),
+        prop::bool::weighted(0.08),
         (any::<u32>(), any::<u32>()),
     )
-        .prop_map(|(stmts, segments, cuts, outputs)| RawProgram {
+        .prop_map(|(stmts, segments, cuts, auto, outputs)| RawProgram {
             stmts,
             segments,
             cuts,
+            auto,
             outputs,
         })
 }
@@ -99,40 +108,21 @@ fn expr(op: u8, lhs: &str, rhs: &str) -> String {
     }
 }
 
-/// Renders one program (body only) and its number of statements.
-fn render(p: &RawProgram) -> (String, usize) {
+/// Renders one program (body only), its number of statements, and whether it has a
+/// layer loop.
+fn render(p: &RawProgram) -> (String, usize, bool) {
     let mut defined: Vec<String> = vec!["x0".into(), "x1".into()];
     let mut lines = Vec::new();
+    let looped = p.stmts.iter().any(|s| s.kind >= 17);
+    // With `segments = auto`, or a layer loop and `segments = N`, the cuts are chosen at
+    // run time and `?` belongs in the last statement only.
+    let question_marks = p.cuts.is_some() || !(looped || p.auto);
     for s in &p.stmts {
         let pick = |i: u32, defined: &[String]| defined[i as usize % defined.len()].clone();
         let (lhs, rhs) = (pick(s.lhs, &defined), pick(s.rhs, &defined));
-        let target = NAMES[s.target];
-        if let Some(form) = s.looped {
-            render_loop(form, s, &lhs, &rhs, &mut lines);
-            let second = NAMES[(s.target + 1) % NAMES.len()];
-            for n in std::iter::once(target).chain((form == 2).then_some(second)) {
-                if !defined.iter().any(|d| d == n) {
-                    defined.push(n.to_owned());
-                }
-            }
-            continue;
-        }
-        if s.tuple {
-            let other = NAMES[(s.target + 1) % NAMES.len()];
-            lines.push(format!(
-                "let ({target}, {other}) = ({}, {});",
-                expr(s.op, &lhs, &rhs),
-                expr(s.op.wrapping_add(3) % 10, &rhs, &lhs)
-            ));
-            for n in [target, other] {
-                if !defined.iter().any(|d| d == n) {
-                    defined.push(n.to_owned());
-                }
-            }
-        } else {
-            lines.push(format!("let {target} = {};", expr(s.op, &lhs, &rhs)));
-            if !defined.iter().any(|d| d == target) {
-                defined.push(target.to_owned());
+        for n in render_stmt(s, &lhs, &rhs, question_marks, &mut lines) {
+            if !defined.iter().any(|d| d == n) {
+                defined.push(n.to_owned());
             }
         }
     }
@@ -140,14 +130,95 @@ fn render(p: &RawProgram) -> (String, usize) {
         defined[p.outputs.0 as usize % defined.len()].clone(),
         defined[p.outputs.1 as usize % defined.len()].clone(),
     );
-    lines.push(format!("({}.shallow_clone(), {}.shallow_clone())", o1, o2));
+    lines.push(format!(
+        "Ok(({}.shallow_clone(), {}.shallow_clone()))",
+        o1, o2
+    ));
     let count = lines.len();
-    (lines.join("\n    "), count)
+    (lines.join("\n    "), count, looped)
+}
+
+/// One statement (one line each; a layer loop may add a `let mut` line first), by kind:
+/// a `let` of an expression, a tuple pattern, a nested block, `if`, `match`, a closure
+/// used in a block, a struct pattern, `?`, or a layer loop. Returns the names it binds.
+fn render_stmt(
+    s: &RawStmt,
+    lhs: &str,
+    rhs: &str,
+    question_marks: bool,
+    lines: &mut Vec<String>,
+) -> Vec<&'static str> {
+    let t = NAMES[s.target];
+    let u = NAMES[(s.target + 1) % NAMES.len()];
+    let (e1, e2) = (expr(s.op, lhs, rhs), expr(s.op2, rhs, lhs));
+    match s.kind {
+        0..=5 => {
+            lines.push(format!("let {t} = {e1};"));
+            vec![t]
+        }
+        6 => {
+            lines.push(format!("let ({t}, {u}) = ({e1}, {e2});"));
+            vec![t, u]
+        }
+        7 => {
+            let inner = expr(s.op2, "v", rhs);
+            lines.push(format!("let {t} = {{ let v = {e1}; {inner} }};"));
+            vec![t]
+        }
+        8 => {
+            lines.push(format!("let {t} = if k > 0.0 {{ {e1} }} else {{ {e2} }};"));
+            vec![t]
+        }
+        9 => {
+            lines.push(format!(
+                "let {t} = match train {{ true => {e1}, false => {e2} }};"
+            ));
+            vec![t]
+        }
+        10 => {
+            let l = operand(lhs);
+            lines.push(format!(
+                "let {t} = {{ let f = |v: &Tensor| v.tanh() * k; f({l}) + {e2} }};"
+            ));
+            vec![t]
+        }
+        11 => {
+            lines.push(format!(
+                "let Pair {{ a: {t}, b: {u} }} = Pair {{ a: {e1}, b: {e2} }};"
+            ));
+            vec![t, u]
+        }
+        12 | 13 if question_marks => {
+            lines.push(format!("let {t} = {lhs}.f_tanh()?.f_mul_scalar(k)?;"));
+            vec![t]
+        }
+        12..=16 => {
+            lines.push(format!("let {t} = {e1};"));
+            vec![t]
+        }
+        form => {
+            render_loop(form - 17, s, lhs, rhs, lines);
+            // The two-value loop (form 1 with an even operation) also binds `u`.
+            if form == 18 && s.op.is_multiple_of(2) {
+                vec![t, u]
+            } else {
+                vec![t]
+            }
+        }
+    }
 }
 
 /// A layer loop over `w.layers` (each `[D, D]`): `let mut` carried values, then the
-/// loop; or a `fold`. `other` is an earlier value the body reads.
+/// loop; or a `fold`. `other` is an earlier value the body reads. `form` 0 to 2, with the
+/// operation's parity picking among 5 forms.
 fn render_loop(form: u8, s: &RawStmt, init: &str, other: &str, lines: &mut Vec<String>) {
+    let form = match (form, s.op % 2) {
+        (0, 0) => 0,
+        (0, _) => 1,
+        (1, 0) => 2,
+        (1, _) => 3,
+        _ => 4,
+    };
     let c = NAMES[s.target];
     let c2 = NAMES[(s.target + 1) % NAMES.len()];
     let other = operand(other);
@@ -198,6 +269,11 @@ fn main() {
     libtorch_rpath();
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=CKPT_PROP_SEED");
+    println!("cargo:rerun-if-env-changed=CKPT_PROP_PROGRAMS");
+    let programs: usize = std::env::var("CKPT_PROP_PROGRAMS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(PROGRAMS);
     let seed: u64 = std::env::var("CKPT_PROP_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -217,9 +293,9 @@ fn main() {
     )
     .unwrap();
     let mut table = Vec::new();
-    for i in 0..PROGRAMS {
+    for i in 0..programs {
         let raw = strategy.new_tree(&mut runner).expect("a program").current();
-        let (body, count) = render(&raw);
+        let (body, count, _) = render(&raw);
         // `count` statements including the tail; cuts go between statements.
         let (attr, body) = match &raw.cuts {
             Some(cuts) => {
@@ -233,6 +309,7 @@ fn main() {
                 }
                 ("#[ckpt::checkpointed]".to_owned(), lines.join("\n    "))
             }
+            None if raw.auto => ("#[ckpt::checkpointed(segments = auto)]".to_owned(), body),
             None => {
                 let segments = 2 + raw.segments as usize % (count - 1);
                 (
@@ -241,12 +318,12 @@ fn main() {
                 )
             }
         };
-        let sig = "(w: &Weights, x0: &Tensor, x1: Tensor, k: f64, train: bool) -> (Tensor, Tensor)";
+        let sig = "(w: &Weights, x0: &Tensor, x1: Tensor, k: f64, train: bool) -> Result<(Tensor, Tensor), TchError>";
         let source = format!("{attr}\nfn p{i}{sig} {{\n    {body}\n}}");
         writeln!(
             out,
-            "#[allow(unused_variables, unused_parens, unused_mut, unused_assignments, deprecated, clippy::all)]\n{attr}\nfn p{i}_ckpt{sig} {{\n    {body}\n}}\n\
-             #[allow(unused_variables, unused_parens, unused_mut, unused_assignments, clippy::all)]\nfn p{i}_plain{sig} {{\n    {body}\n}}\n"
+            "#[allow(unused_variables, unused_parens, unused_mut, unused_assignments, unused_braces, non_shorthand_field_patterns, deprecated, clippy::all)]\n{attr}\nfn p{i}_ckpt{sig} {{\n    {body}\n}}\n\
+             #[allow(unused_variables, unused_parens, unused_mut, unused_assignments, unused_braces, non_shorthand_field_patterns, clippy::all)]\nfn p{i}_plain{sig} {{\n    {body}\n}}\n"
         )
         .unwrap();
         table.push(format!(

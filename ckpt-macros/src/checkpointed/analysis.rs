@@ -278,10 +278,14 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
                 _ => None,
             })
             .collect();
+        // (The name is live after the group only as this binding when the group does not
+        // define it again.)
+        let redefined: HashSet<String> = walk.defs.iter().map(|b| b.ident.to_string()).collect();
         for (name, _) in &walk.uses {
             if let Some((b, None | Some(ParamKind::Owned))) = bound_before[g].get(name)
                 && b.mutable
                 && live_out.contains(name)
+                && !redefined.contains(name)
                 && !mutated.iter().any(|m| m.id == b.id)
             {
                 mutated.push(b.clone());
@@ -467,7 +471,9 @@ fn expr_uses(e: &Expr) -> Vec<(String, Span)> {
     walker.finish().uses
 }
 
-/// The bindings (by id) that only a `fold`'s initial value uses.
+/// The bindings (by id) that only a `fold`'s initial value uses: its first iteration
+/// takes them, later ones do not need them. A `mut` binding is not one of them: the unit
+/// may change it (it is then taken in and given back by every iteration).
 fn fold_init_only(
     unit: &LoopUnit,
     init: &Expr,
@@ -484,7 +490,9 @@ fn fold_init_only(
     expr_uses(init)
         .into_iter()
         .filter(|(n, _)| !rest.contains(n))
-        .filter_map(|(n, _)| bound.get(&n).map(|(b, _)| b.id))
+        .filter_map(|(n, _)| bound.get(&n).map(|(b, _)| b))
+        .filter(|b| !b.mutable)
+        .map(|b| b.id)
         .collect()
 }
 

@@ -9,7 +9,7 @@
 //! segment resolve as they did before.
 
 use proc_macro2::{Group, Span, TokenStream, TokenTree};
-use quote::{format_ident, quote, quote_spanned};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{Expr, Ident, Pat, Stmt};
@@ -737,7 +737,17 @@ fn expand_runtime(
         .filter(|(_, k)| k.is_some_and(ParamKind::captured))
         .map(|(b, _)| b.ident.clone())
         .collect();
+    // The probe's value gets the function's return type (its `Ok(..)` would not infer an
+    // error type otherwise), which `impl Trait` cannot name.
+    let ret_ty = match &func.sig.output {
+        syn::ReturnType::Default => Some(quote!(())),
+        syn::ReturnType::Type(_, ty) => {
+            let tokens = ty.to_token_stream();
+            (!mentions_impl(&tokens)).then_some(tokens)
+        }
+    };
     let probe_ok = matches!(schedule, Schedule::Auto(_))
+        && ret_ty.is_some()
         && plan.tail_pure
         && (!last.uses_self || stages.iter().any(|g| g.uses_self))
         && tail_captures.iter().all(|c| plan.captures.contains(c))
@@ -806,7 +816,10 @@ fn expand_runtime(
             first_slots.push(s);
             let ident = &input.binding.ident;
             let w = witness_at(s, ident.span());
-            let keep = last_use[s].is_some_and(|l| l > i) && !out_slots.contains(&s);
+            // A layer loop's unit may run part of its iterations and leave the rest to
+            // a later segment, which takes what it reads again: it never consumes it.
+            let looped = plan.loops[i].is_some() && !init_only.contains(&input.binding.id);
+            let keep = (looped || last_use[s].is_some_and(|l| l > i)) && !out_slots.contains(&s);
             let pat = binding_pat(&input.binding);
             // Spanned on the binding's definition: a type that cannot be stashed is
             // reported there (by `put`, and again here), not at the attribute.
@@ -924,13 +937,14 @@ fn expand_runtime(
                 .iter()
                 .map(|s| emit_stmt(s, true));
             let value = mixed("__ckpt_value");
+            let ret_ty = ret_ty.clone().unwrap_or_default();
             quote! {
                 ::core::option::Option::Some({
                     #(#clones)*
                     ::ckpt::__private::stage(move |#stage_env: &mut ::ckpt::__private::Env, _: ::core::ops::Range<usize>| {
                         #(#locks)*
                         #(#takes)*
-                        let #value = { #(#body)* };
+                        let #value: #ret_ty = { #(#body)* };
                         (&::ckpt::__private::ProbePut(::core::cell::Cell::new(
                             ::core::option::Option::Some(#value),
                         )))
@@ -959,7 +973,19 @@ fn expand_runtime(
             }
         }
     });
-    let tail_slots = tail_takes.iter().map(|(_, s)| *s);
+    // The slots the last statement reads: those it takes, and (when it is profiled, and
+    // the probe takes them from the profile's environment) the parameters by reference
+    // it uses as they are.
+    let mut tail_slots: Vec<usize> = tail_takes.iter().map(|(_, s)| *s).collect();
+    if tail_out.is_some() {
+        for (b, _) in &plan.tail_uses {
+            if let Some(&s) = slot_of.get(&b.id)
+                && !tail_slots.contains(&s)
+            {
+                tail_slots.push(s);
+            }
+        }
+    }
     let last = &plan.groups[plan.groups.len() - 1];
     let tail = plan.stmts[last.stmts.clone()]
         .iter()
@@ -1027,6 +1053,15 @@ fn expand_runtime(
             #(#tail)*
         }
     }
+}
+
+/// Whether `tokens` (a type) mentions `impl` (an `impl Trait`, which a `let` cannot name).
+fn mentions_impl(tokens: &TokenStream) -> bool {
+    tokens.clone().into_iter().any(|tt| match tt {
+        TokenTree::Ident(id) => id == "impl",
+        TokenTree::Group(g) => mentions_impl(&g.stream()),
+        _ => false,
+    })
 }
 
 /// The accumulator of the `fold` that unit `i` is: the binding its `let` defines.
