@@ -159,10 +159,10 @@ fn check(index: usize, batch: i64, seed: i64, k: f64, train: bool) -> Result<i64
 fn every_program_once() {
     let mut fixed = 0;
     let mut checkpointed = 0;
-    for index in 0..PROGRAMS.len() {
+    for (index, program) in PROGRAMS.iter().enumerate() {
         let segments = check(index, 3, index as i64, 0.7, true).unwrap_or_else(|e| panic!("{e}"));
         // `segments = auto` may rightly plan no checkpoint for these tiny tensors.
-        if !PROGRAMS[index].source.contains("segments = auto") {
+        if !program.source.contains("segments = auto") {
             fixed += 1;
             checkpointed += usize::from(segments > 0);
         }
