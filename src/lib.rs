@@ -39,7 +39,10 @@ pub use ckpt_runtime::*;
 /// At run time only each checkpointed segment's inputs (its *stash*) are kept; backward
 /// recomputes the segment from them with the same random-number state, through
 /// [`checkpoint`]'s autograd node. Outputs and gradients equal those of the function
-/// without the attribute (bit for bit on CPU for deterministic ops), with less memory.
+/// without the attribute (bit for bit on CPU for deterministic ops, when each gradient
+/// sums its contributions in the same order: a weight used in several segments, as a
+/// loop's shared cell is, gets its segments' sums added, which can differ in the last
+/// bits), with less memory.
 ///
 /// # Where it goes
 ///
@@ -134,7 +137,7 @@ pub use ckpt_runtime::*;
 ///
 /// **When it saves nothing, the compiler says so.** A checkpointed segment pays off when
 /// what it recomputes is larger than its inputs. Where the macro can see that it does
-/// not — a checkpointed segment (or the whole function) holding a whole layer loop (its
+/// not — a checkpointed segment of a cut function holding a whole layer loop (its
 /// recompute rebuilds every iteration's activations at once), or checkpointed segments
 /// with no layer call while the last, inline one has them — it emits a warning on the
 /// statement (``use of deprecated function `..::checkpointing_saves_little`: ckpt: ..``,

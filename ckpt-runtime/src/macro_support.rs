@@ -145,6 +145,11 @@ pub fn capture<T: ShallowClone + Send + 'static>(value: &T) -> Shared<T> {
     Shared::new(value.shallow_clone())
 }
 
+/// [`capture`] of a `&[T]` parameter of modules (a slice of layers).
+pub fn capture_slice<T: ShallowClone + Send + 'static>(value: &[T]) -> Shared<Vec<T>> {
+    Shared::new(value.iter().map(T::shallow_clone).collect())
+}
+
 /// [`capture`] of an `Option<&T>` module parameter.
 pub fn capture_opt<T: ShallowClone + Send + 'static>(value: Option<&T>) -> Option<Shared<T>> {
     value.map(capture)

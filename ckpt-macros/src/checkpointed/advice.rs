@@ -1,6 +1,7 @@
 //! Warnings for layouts the compiler can see save nothing: the checkpointed segments hold
-//! no layer call while the inline one does, or a checkpointed segment holds a whole layer
-//! loop (its recompute rebuilds every iteration's activations at once).
+//! no layer call while the inline one does, or a checkpointed segment of a cut function
+//! holds a whole layer loop (its recompute rebuilds every iteration's activations at
+//! once). A function checkpointed whole is taken for a block and not warned about.
 //!
 //! Stable Rust has no warnings from procedural macros; the expansion calls a local
 //! function marked `#[deprecated(note = "..")]`, spanned on the user's statement, so rustc
@@ -35,7 +36,13 @@ struct Finder<'m> {
 
 impl<'ast> Visit<'ast> for Finder<'_> {
     fn visit_expr_method_call(&mut self, m: &'ast syn::ExprMethodCall) {
-        if self.modules.is_layer_call(m) || self.modules.refers_to(&m.receiver) {
+        // Reading the shape of module state (`self.blocks.len()`) computes nothing.
+        let reads = [
+            "len", "is_empty", "iter", "size", "kind", "device", "numel", "dim",
+        ]
+        .iter()
+        .any(|r| m.method == r);
+        if self.modules.is_layer_call(m) || (self.modules.refers_to(&m.receiver) && !reads) {
             self.holds
                 .layer
                 .get_or_insert_with(|| short_text(Expr::MethodCall(m.clone()), 50));
@@ -123,9 +130,11 @@ pub(crate) fn advise(plan: &Plan, modules: &Modules<'_>, fn_name: &str) -> Vec<(
         Layout::Static | Layout::Runtime(_) => g + 1 < count,
     };
     // A layer loop held whole by a checkpointed segment (a top-level loop of a run-time
-    // chain is cut between its iterations instead).
+    // chain is cut between its iterations instead). Not for a function checkpointed
+    // whole: that is a block (a mixture of experts loops over its experts), called from
+    // the model's loop, which the macro cannot see.
     for (g, group) in plan.groups.iter().enumerate() {
-        if !checkpointed(g) {
+        if !checkpointed(g) || matches!(plan.layout, Layout::Whole) {
             continue;
         }
         for i in group.stmts.clone() {

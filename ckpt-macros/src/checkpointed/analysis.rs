@@ -18,7 +18,7 @@ use syn::visit::Visit;
 use syn::{Expr, FnArg, Ident, Pat, Stmt, Token};
 
 use super::body::{self, Body, LoopKind, LoopUnit, Modules};
-use super::layout::{self, Layout};
+use super::layout::{self, Cut, Layout};
 use super::parse::{self, ParamKind, Rule};
 use crate::args::Args;
 use crate::ctxt::Ctxt;
@@ -170,6 +170,8 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
     let mut walks = Vec::with_capacity(count);
     let mut bound_before = Vec::with_capacity(count);
     let mut ref_lets: HashMap<usize, ParamKind> = HashMap::new();
+    // `let`s that refer to module state, by id, with their initializer's text.
+    let mut module_lets: HashMap<usize, String> = HashMap::new();
     let mut init_only = vec![Vec::new(); stmts.len()];
     let mut fold_accs = vec![None; stmts.len()];
     let mut next_id = params.len();
@@ -244,9 +246,42 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
             if let Some(kind) = kind {
                 ref_lets.insert(b.id, kind);
             }
+            if let Some(text) = walk.module_defs.get(&b.ident.to_string()) {
+                module_lets.insert(b.id, text.clone());
+            }
             bound.insert(b.ident.to_string(), (b.clone(), kind));
         }
         walks.push(walk);
+    }
+
+    // A `let` without a value, assigned in a later group: the cut between them would move
+    // an uninitialised binding.
+    for (g, range) in cut.ranges.iter().enumerate() {
+        for stmt in &stmts[range.clone()] {
+            let Stmt::Local(local @ syn::Local { init: None, .. }) = stmt else {
+                continue;
+            };
+            let mut bs = Vec::new();
+            pat_bindings(&local.pat, &mut bs);
+            for b in bs {
+                let name = b.ident.to_string();
+                let later = (g + 1..count).find(|&h| {
+                    walks[h].mutated.contains(&name)
+                        && bound_before[h]
+                            .get(&name)
+                            .is_some_and(|(x, _)| walks[g].defs.iter().any(|d| d.id == x.id))
+                });
+                if let Some(h) = later {
+                    cx.error_spanned_by(
+                        local,
+                        format!(
+                            "`let {name};` declares `{name}` without a value, and a cut separates it from its assignment in {}: declare it with its value (`let {name} = ..;`)",
+                            segment_label(&cut, h, count)
+                        ),
+                    );
+                }
+            }
+        }
     }
 
     // Liveness at group granularity, backwards: live_in(g) = uses(g) ∪ (live_in(g+1) − defs(g)).
@@ -308,7 +343,7 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
                     continue; // not a binding of this function (a function, a constant, ..)
                 };
                 let pass = match kind {
-                    Some(ParamKind::Capture | ParamKind::OptCapture) => {
+                    Some(k) if k.captured() => {
                         group.captures.push(binding.ident.clone());
                         if !captures.iter().any(|c| c == &binding.ident) {
                             captures.push(binding.ident.clone());
@@ -353,6 +388,17 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
                         }
                     }
                 };
+                if let Some(text) = module_lets.get(&binding.id) {
+                    cx.error_at(
+                        *span,
+                        format!(
+                            "`{name}` refers to module state (`{text}`) and enters {}: a segment captures module state itself and cannot take a reference to it; use `{}` where it is needed instead of `{name}`",
+                            segment_label(&cut, g, count),
+                            text.trim_start_matches('&')
+                        ),
+                    );
+                    continue;
+                }
                 group.inputs.push(Input {
                     binding: binding.clone(),
                     pass,
@@ -371,6 +417,19 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
                 .cloned()
                 .collect();
             outputs.reverse();
+            for b in &outputs {
+                if let Some(text) = module_lets.get(&b.id) {
+                    cx.error_spanned_by(
+                        &b.ident,
+                        format!(
+                            "`{}` refers to module state (`{text}`) and leaves {}: a segment cannot hand out a reference to module state; use `{}` where it is needed",
+                            b.ident,
+                            segment_label(&cut, g, count),
+                            text.trim_start_matches('&')
+                        ),
+                    );
+                }
+            }
             group.outputs = outputs;
         }
         groups.push(group);
@@ -421,6 +480,15 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
     })
 }
 
+/// "checkpointed segment 2 of 3", "statement 2 of 5", "the checkpointed function".
+fn segment_label(cut: &Cut, g: usize, count: usize) -> String {
+    match cut.layout {
+        Layout::Whole => "the checkpointed function".to_owned(),
+        Layout::Static => format!("checkpointed segment {} of {count}", g + 1),
+        Layout::Runtime(_) => format!("statement {} of {count}", g + 1),
+    }
+}
+
 /// The checks of a layer loop whose iterations are cut at run time: its iterable is
 /// evaluated again in backward to re-derive an iteration's items, so it may use only
 /// `self` and the parameters; and a `break` would end the loop at a point the run-time
@@ -432,7 +500,35 @@ fn check_loop(
     fn_name: &str,
     cx: &mut Ctxt,
 ) {
+    // A parameter passed by value as the whole iterable would be consumed by the count.
+    if let Expr::Path(p) = &unit.iter
+        && let Some(id) = p.path.get_ident()
+        && let Some((b, Some(ParamKind::Owned))) = bound.get(&id.to_string())
+        && b.id < n_params
+    {
+        cx.error_spanned_by(
+            id,
+            format!(
+                "the layer loop `{}` in `{fn_name}` iterates over `{id}` itself: its iterations are stages cut at run time, so the iterable is evaluated once to count them and again by every segment to re-derive its items, and iterating `{id}` by value would consume it; iterate over `{id}.iter()`",
+                unit.label
+            ),
+        );
+    }
     for (name, span) in expr_uses(&unit.iter) {
+        // A `mut` parameter may be assigned before the loop, after its iterations were
+        // counted from the value the function was called with.
+        if let Some((b, Some(_))) = bound.get(&name)
+            && b.id < n_params
+            && b.mutable
+        {
+            cx.error_at(
+                span,
+                format!(
+                    "the iterable of the layer loop `{}` in `{fn_name}` uses `{name}`, a `mut` parameter: the loop's iterations are counted when the function is called, before the body can change `{name}`; take `{name}` without `mut` (and bind a changed value to a new name used after the loop), or count from `self`",
+                    unit.label
+                ),
+            );
+        }
         // Parameters have the first ids; a `let` (shadowing one or not) comes after.
         if bound.get(&name).is_some_and(|(b, _)| b.id >= n_params) {
             cx.error_at(
@@ -581,6 +677,9 @@ struct Walk {
     mutated: Vec<String>,
     /// The last top-level definition of each name, when it holds a reference to data.
     ref_defs: HashMap<String, ParamKind>,
+    /// Top-level definitions that refer to module state (`let lin = &self.head;`), which
+    /// cannot cross a cut, with the initializer's text.
+    module_defs: HashMap<String, String>,
 }
 
 const IO_MACROS: &[&str] = &[
@@ -821,6 +920,8 @@ struct Walker<'c> {
     /// Top-level `let`s of this group that hold a reference to data, with how they
     /// cross a cut (`let r = xs;` of a `&Tensor` parameter, `let r = &h;`).
     ref_defs: HashMap<String, ParamKind>,
+    /// Top-level `let`s of this group that refer to module state.
+    module_defs: HashMap<String, String>,
 }
 
 impl<'c> Walker<'c> {
@@ -844,6 +945,7 @@ impl<'c> Walker<'c> {
             whole: false,
             outer: HashMap::new(),
             ref_defs: HashMap::new(),
+            module_defs: HashMap::new(),
         }
     }
 
@@ -854,6 +956,22 @@ impl<'c> Walker<'c> {
             fallible: self.fallible,
             mutated: self.mutated,
             ref_defs: self.ref_defs,
+            module_defs: self.module_defs,
+        }
+    }
+
+    /// Whether `init` is a reference to module state: `&self.head`, `&self.blocks[i]`, `&m`
+    /// of a module parameter.
+    fn module_ref(&self, init: &Expr) -> bool {
+        match init {
+            Expr::Paren(p) => self.module_ref(&p.expr),
+            Expr::Reference(r) => match root(&r.expr) {
+                Root::Name(n) if !self.is_local(&n) => {
+                    n == "self" || matches!(self.outer.get(&n), Some(Some(k)) if k.captured())
+                }
+                _ => false,
+            },
+            _ => false,
         }
     }
 
@@ -1021,10 +1139,18 @@ impl<'c> Walker<'c> {
                 ([b], Some(e)) if !b.mutable => self.ref_kind_of(e),
                 _ => None,
             };
+            let module = match (&bs[..], init) {
+                ([_], Some(e)) if self.module_ref(e) => Some(body::short_text(e, 40)),
+                _ => None,
+            };
             for b in &bs {
                 match reference {
                     Some(kind) => self.ref_defs.insert(b.ident.to_string(), kind),
                     None => self.ref_defs.remove(&b.ident.to_string()),
+                };
+                match &module {
+                    Some(text) => self.module_defs.insert(b.ident.to_string(), text.clone()),
+                    None => self.module_defs.remove(&b.ident.to_string()),
                 };
             }
         }
@@ -1201,8 +1327,19 @@ impl<'c> Walker<'c> {
                 return;
             }
             if compound && matches!(target, Expr::Path(_)) {
+                // The segment takes a value of the function in and gives it back, so a
+                // plain assignment of a new value is fine; `op=` is in place on a tensor.
+                let fix = if movable {
+                    format!(
+                        "assign a new value with `{root} = {root} + ..` (or the matching operator), which the segment takes in and gives back"
+                    )
+                } else {
+                    format!(
+                        "bind a new value with `let {root} = {root} + ..` (or the matching operator) instead"
+                    )
+                };
                 let message = format!(
-                    "compound assignment to `{root}`, a binding from before this checkpointed {segment}: the segment runs again in backward, so it must not change what it did not create (and on a tensor `op=` is in place, changing the stashed value itself); bind a new value with `let {root} = {root} + ..` (or the matching operator) instead, or lift the rule with `#[ckpt::allow(assign)]` for a number",
+                    "compound assignment to `{root}`, a binding from before this checkpointed {segment}: on a tensor `op=` is in place, changing the value the segment stashed, and the segment runs again in backward, so it must not change what it did not create; {fix}, or lift the rule with `#[ckpt::allow(assign)]` for a number",
                     segment = self.segment,
                 );
                 self.violation(Rule::Assign, node, message);

@@ -258,11 +258,12 @@ fn prelude(
     };
     let captures = plan.captures.iter().map(|c| {
         let shared = capture_ident(c);
-        if optional_capture(plan, c) {
-            quote_spanned!(c.span()=> let #shared = ::ckpt::__private::capture_opt(#c);)
-        } else {
-            quote_spanned!(c.span()=> let #shared = ::ckpt::__private::capture(#c);)
-        }
+        let capture = match capture_kind(plan, c) {
+            ParamKind::OptCapture => quote!(capture_opt),
+            ParamKind::CaptureSlice => quote!(capture_slice),
+            _ => quote!(capture),
+        };
+        quote_spanned!(c.span()=> let #shared = ::ckpt::__private::#capture(#c);)
     });
     quote! {
         let #options = ::ckpt::__private::CheckpointOptions::new() #preserve #determinism;
@@ -311,23 +312,27 @@ fn module_state(
         let guard = format_ident!("{}_guard", shared);
         clones
             .push(quote!(let #shared = ::ckpt::__private::ShallowClone::shallow_clone(&#shared);));
-        if optional_capture(plan, c) {
-            locks.push(quote! {
+        match capture_kind(plan, c) {
+            ParamKind::OptCapture => locks.push(quote! {
                 let #guard = #shared.as_ref().map(::ckpt::__private::Shared::lock);
                 let #c = #guard.as_deref();
-            });
-        } else {
-            locks.push(quote!(let #guard = #shared.lock(); let #c = &*#guard;));
+            }),
+            ParamKind::CaptureSlice => {
+                locks.push(quote!(let #guard = #shared.lock(); let #c: &[_] = &#guard;));
+            }
+            _ => locks.push(quote!(let #guard = #shared.lock(); let #c = &*#guard;)),
         }
     }
     (clones, locks)
 }
 
-/// Whether the module parameter `c` is an `Option<&T>` ([`ParamKind::OptCapture`]).
-fn optional_capture(plan: &Plan, c: &Ident) -> bool {
+/// How the module parameter `c` is captured: [`ParamKind::Capture`],
+/// [`ParamKind::OptCapture`] or [`ParamKind::CaptureSlice`].
+fn capture_kind(plan: &Plan, c: &Ident) -> ParamKind {
     plan.params
         .iter()
-        .any(|(b, k)| &b.ident == c && *k == ParamKind::OptCapture)
+        .find(|(b, _)| &b.ident == c)
+        .map_or(ParamKind::Capture, |(_, k)| *k)
 }
 
 fn capture_ident(param: &Ident) -> Ident {
@@ -766,10 +771,16 @@ fn expand_runtime(
 
     // The iteration counts, from the iterables as written (they use only `self` and the
     // parameters, which are still all here).
+    // A `fold` runs at least one range (an empty one for an empty iterable), so that its
+    // initial value is put as its result.
     let count_exprs = (0..n).map(|i| match &plan.loops[i] {
         Some(unit) => {
             let iter = &unit.iter;
-            quote_spanned!(iter.span()=> ::ckpt::__private::iter_count(#iter))
+            let at_least = match unit.kind {
+                LoopKind::Fold { .. } => quote!(.max(1)),
+                LoopKind::For(_) => TokenStream::new(),
+            };
+            quote_spanned!(iter.span()=> ::ckpt::__private::iter_count(#iter) #at_least)
         }
         None => quote!(1usize),
     });
@@ -779,10 +790,15 @@ fn expand_runtime(
         let ident = &b.ident;
         let w = witness(*s);
         let sp = ident.span();
-        let (probe, value) = if kind.by_ref() {
-            (quote!(#ident), ref_to_stash(func, *kind, ident))
-        } else {
-            (quote!(&#ident), quote!(#ident))
+        // The key probe takes a reference: the parameter itself when it is one.
+        let (probe, value) = match kind {
+            ParamKind::RefData | ParamKind::RefSlice | ParamKind::RefStr => {
+                (quote!(#ident), ref_to_stash(func, *kind, ident))
+            }
+            ParamKind::OptRefData | ParamKind::Borrowed => {
+                (quote!(&#ident), ref_to_stash(func, *kind, ident))
+            }
+            _ => (quote!(&#ident), quote!(#ident)),
         };
         quote_spanned! {sp=>
             let #w = ::ckpt::__private::put_param(

@@ -75,6 +75,9 @@ pub(crate) enum ParamKind {
     Capture,
     /// `Option<&T>` with a module `T`: captured as [`ParamKind::Capture`] when present.
     OptCapture,
+    /// `&[T]` with a module `T` (a slice of layers): one `ShallowClone` of each per call,
+    /// shared by the segments, rebound as `&[T]`.
+    CaptureSlice,
     /// `&mut T`: cannot enter a checkpointed segment.
     RefMut,
 }
@@ -95,7 +98,10 @@ impl ParamKind {
 
     /// Whether the parameter is module state, captured like `self`.
     pub(crate) fn captured(self) -> bool {
-        matches!(self, ParamKind::Capture | ParamKind::OptCapture)
+        matches!(
+            self,
+            ParamKind::Capture | ParamKind::OptCapture | ParamKind::CaptureSlice
+        )
     }
 }
 
@@ -196,7 +202,8 @@ pub(crate) fn param_kind(pat: &Pat, ty: &Type) -> ParamKind {
         return ParamKind::RefMut;
     }
     match &*r.elem {
-        Type::Slice(_) => ParamKind::RefSlice,
+        Type::Slice(slice) if is_data(&slice.elem) => ParamKind::RefSlice,
+        Type::Slice(_) => ParamKind::CaptureSlice,
         Type::Path(p) if p.qself.is_none() && p.path.is_ident("str") => ParamKind::RefStr,
         elem if is_data(elem) => ParamKind::RefData,
         Type::Paren(p) => param_kind(
