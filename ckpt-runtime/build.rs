@@ -1,11 +1,19 @@
 //! Compiles `csrc/ckpt.cpp` (the autograd node, the counting CPU allocator, RNG and
-//! autocast state) against the libtorch that `torch-sys` found, with the same flags.
+//! autocast state), `csrc/buffers.cpp` (batch norm statistics frozen in recomputes) and
+//! `csrc/rng.cpp` (generator snapshots) against the libtorch that `torch-sys` found, with the same flags.
 
 use std::env;
 use std::path::PathBuf;
 
 fn main() {
-    println!("cargo:rerun-if-changed=csrc/ckpt.cpp");
+    for file in [
+        "csrc/ckpt.cpp",
+        "csrc/buffers.cpp",
+        "csrc/rng.cpp",
+        "csrc/extra.h",
+    ] {
+        println!("cargo:rerun-if-changed={file}");
+    }
     // `torch-sys` declares `links = "tch"` and prints `cargo:libtorch_lib=...`, which
     // Cargo hands to its direct dependents as `DEP_TCH_LIBTORCH_LIB`.
     let lib = PathBuf::from(env::var("DEP_TCH_LIBTORCH_LIB").expect(
@@ -34,6 +42,8 @@ fn main() {
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .define("GLOG_USE_GLOG_EXPORT", None)
         .file("csrc/ckpt.cpp")
+        .file("csrc/buffers.cpp")
+        .file("csrc/rng.cpp")
         .compile("ckpt_csrc");
     // Dependents (the `ckpt` facade) read this as DEP_CKPT_RUNTIME_LIBTORCH_LIB to set an rpath
     // for their own binaries, tests and examples.
