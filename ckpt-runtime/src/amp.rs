@@ -4,6 +4,22 @@
 //! and both reduced-precision types. Checkpointed segments record the autocast state at
 //! forward and replay their recompute under it (PyTorch does the same), so a segment run
 //! under `autocast` recomputes in the same precision even though backward runs outside.
+//!
+//! **A weight used more than once.** Autocast casts a float32 weight to the reduced type
+//! once per autocast region and reuses the copy (its cast cache). Without checkpointing,
+//! the gradients of all uses meet at that one cast and are summed in the reduced type
+//! before its backward converts the sum to float32. A recompute casts the weight again
+//! (the region of the forward is over by backward), so a use inside a checkpointed segment
+//! reaches the float32 `.grad` through its own cast, and the uses' gradients are summed in
+//! float32: the gradient differs from the plain one at reduced-precision level (one
+//! bfloat16 ulp of the sum). It is the more accurate of the two: with two uses it is the
+//! exact sum of the two reduced-precision gradients rounded once to float32, so no element
+//! is further from the exact sum than the plain gradient's (`tests/amp.rs`). Making it
+//! equal to the plain one would mean sending the recompute's gradient into the forward
+//! graph's cast node from inside that graph's backward, to get a less accurate sum; `ckpt`
+//! does not. The same holds on CUDA, float16 or bfloat16: the cast cache and the
+//! gradient flow are the same code for every device type (float16's sum rounds at 2^-11
+//! of its magnitude instead of bfloat16's 2^-8).
 
 use tch::{Device, Kind};
 
