@@ -1,5 +1,7 @@
-//! What keeping batch norm's running statistics right costs (issue 11, item 1), and what
-//! a ResNet-18 training step costs plain and with its layer groups checkpointed.
+//! What two of issue 11's fixes cost: keeping batch norm's running statistics right
+//! (item 1) and keeping generator snapshots only for segments that draw random numbers
+//! (item 6); and what a ResNet-18 training step costs plain and with its layer groups
+//! checkpointed.
 //!
 //! 1. Per call: `Tensor::batch_norm` in training mode (the path of `nn::BatchNorm`: the
 //!    `aten::batch_norm` entry, ckpt's kernel at the autograd key, the composite kernel,
@@ -12,7 +14,12 @@
 //!    forward and backward, plain and checkpointed per layer group. The running
 //!    statistics add no bytes (nothing is copied or saved).
 //!
-//! `cargo run --release --example batch_norm_cost` (timings vary by machine; bytes are
+//! 3. Per segment: a one-element segment's forward and backward with
+//!    `preserve_rng_state` on and off, drawing a random number or not, and the tensor
+//!    bytes its forward keeps: the generators are copied and compared in every forward
+//!    (on), and a snapshot is kept only when the segment drew.
+//!
+//! `cargo run --release --example correctness_costs` (timings vary by machine; bytes are
 //! exact).
 
 use std::time::Instant;
@@ -195,10 +202,40 @@ fn resnet_step(checkpointed: bool) {
     );
 }
 
+fn segment_cost(preserve_rng_state: bool, draws: bool) {
+    let opts = ckpt::CheckpointOptions::new().preserve_rng_state(preserve_rng_state);
+    let x = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let f = move |x: Tensor| {
+        if draws {
+            x.dropout(0.5, true)
+        } else {
+            &x + 1.0
+        }
+    };
+    let calls = 5_000;
+    let micros = per_call_micros(calls, || {
+        let y: Tensor = ckpt::checkpoint_with(&opts, f, x.shallow_clone());
+        y.backward();
+    });
+    let (y, kept) = ckpt::memory::measure(Device::Cpu, || {
+        ckpt::checkpoint_with(&opts, f, x.shallow_clone())
+    });
+    let y: Tensor = y;
+    drop(y);
+    println!(
+        "segment of 1 element, preserve_rng_state {preserve_rng_state}, draws {draws}: \
+         {micros:.1} us forward + backward, forward keeps {} B (4 B are the output)",
+        kept.retained_bytes
+    );
+}
+
 fn main() {
     tch::set_num_threads(1);
     batch_norm_entry(&[2, 4, 2, 2], 20_000);
     batch_norm_entry(&[8, 64, 16, 16], 2_000);
     resnet_step(false);
     resnet_step(true);
+    for (preserve, draws) in [(false, false), (true, false), (false, true), (true, true)] {
+        segment_cost(preserve, draws);
+    }
 }
