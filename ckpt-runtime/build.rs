@@ -1,11 +1,13 @@
 //! Compiles `csrc/ckpt.cpp` (the autograd node, the counting CPU allocator, RNG and
-//! autocast state) against the libtorch that `torch-sys` found, with the same flags.
+//! autocast state) and `csrc/policy.cpp` (selective checkpointing) against the libtorch that `torch-sys` found, with the same flags.
 
 use std::env;
 use std::path::PathBuf;
 
 fn main() {
-    println!("cargo:rerun-if-changed=csrc/ckpt.cpp");
+    for file in ["csrc/ckpt.cpp", "csrc/policy.cpp", "csrc/policy.h"] {
+        println!("cargo:rerun-if-changed={file}");
+    }
     // `torch-sys` declares `links = "tch"` and prints `cargo:libtorch_lib=...`, which
     // Cargo hands to its direct dependents as `DEP_TCH_LIBTORCH_LIB`.
     let lib = PathBuf::from(env::var("DEP_TCH_LIBTORCH_LIB").expect(
@@ -34,6 +36,7 @@ fn main() {
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .define("GLOG_USE_GLOG_EXPORT", None)
         .file("csrc/ckpt.cpp")
+        .file("csrc/policy.cpp")
         .compile("ckpt_csrc");
     // Dependents (the `ckpt` facade) read this as DEP_CKPT_RUNTIME_LIBTORCH_LIB to set an rpath
     // for their own binaries, tests and examples.

@@ -21,6 +21,9 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
+
+#include "policy.h"
 
 #include <atomic>
 #include <cstdint>
@@ -189,6 +192,8 @@ struct Segment : torch::CustomClassHolder {
   RngState rng;
   AutocastState autocast;
   std::vector<OutputMeta> outputs;
+  // What the selective-checkpointing policy kept from forward (null: recompute all).
+  std::shared_ptr<ckpt_policy::Cache> policy;
 
   Segment(void* c, ckpt_run_fn r, ckpt_drop_fn d) : closure(c), run(r), drop(d) {
     g_live_segments.fetch_add(1);
@@ -292,8 +297,13 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       seg->has_rng = true;
     }
     seg->autocast = AutocastState::capture();
+    seg->policy = ckpt_policy::cache_for_new_segment();
 
-    std::vector<at::Tensor> outs = call_closure(*seg, false, in, fwd_ctx);
+    std::vector<at::Tensor> outs;
+    {
+      ckpt_policy::Scope record(seg->policy.get(), /*replay=*/false);
+      outs = call_closure(*seg, false, in, fwd_ctx);
+    }
 
     // The node becomes the grad_fn of every output that is not an input. An output that
     // is a tensor from outside the segment (a captured parameter or buffer returned as
@@ -375,7 +385,13 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     {
       RecomputeStateGuard state(*seg);
       at::AutoGradMode grad_on(true);
+      ckpt_policy::Scope replay(seg->policy.get(), /*replay=*/true);
       outs = call_closure(*seg, true, detached, nullptr);
+    }
+    // The recomputed graph holds what its backward needs of the kept tensors; a second
+    // recompute (keep_graph) replays them again.
+    if (!torch::autograd::get_current_graph_task_keep_graph()) {
+      ckpt_policy::release(seg->policy.get());
     }
 
     for (size_t i = 0; i < outs.size(); ++i) {
