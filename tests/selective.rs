@@ -282,3 +282,88 @@ fn the_recompute_replays_the_kept_linear_output() {
         "the full recompute computes a new output"
     );
 }
+
+#[ckpt::checkpointed(segments = 3, policy = selective)]
+fn stack_selective(blocks: &[Block], x: &Tensor) -> Tensor {
+    let mut x = x.shallow_clone();
+    for b in blocks.iter() {
+        x = b.forward(&x);
+    }
+    x
+}
+
+#[ckpt::checkpointed(segments = 3)]
+fn stack_full(blocks: &[Block], x: &Tensor) -> Tensor {
+    let mut x = x.shallow_clone();
+    for b in blocks.iter() {
+        x = b.forward(&x);
+    }
+    x
+}
+
+/// Bytes alive after `f` ran forward on `x` (its output and what its graph keeps).
+fn kept_by(x: &Tensor, f: impl FnOnce(&Tensor) -> Tensor) -> i64 {
+    let x = x.detach().set_requires_grad(true);
+    let before = ckpt::memory::current_bytes(Device::Cpu);
+    let y = f(&x);
+    let after = ckpt::memory::current_bytes(Device::Cpu);
+    drop(y);
+    after - before
+}
+
+/// `#[checkpointed(policy = selective)]`: plain gradients, and more kept than the full
+/// recompute of the same cuts (the linear outputs and masks of the checkpointed blocks).
+#[test]
+fn checkpointed_functions_take_the_policy() {
+    let _rng = rng();
+    tch::manual_seed(6);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let blocks = stack(&vs, 4);
+    let x = Tensor::randn([2, 16, D], (Kind::Float, Device::Cpu));
+    let plain = step(&vs, &x, &|x| run_plain(&blocks, x));
+    let sel = step(&vs, &x, &|x| stack_selective(&blocks, x));
+    assert_all_equal("policy = selective vs plain", &sel, &plain);
+    let full = step(&vs, &x, &|x| stack_full(&blocks, x));
+    assert_all_equal("policy = full vs plain", &full, &plain);
+    let (kept_sel, kept_full) = (
+        kept_by(&x, |x| stack_selective(&blocks, x)),
+        kept_by(&x, |x| stack_full(&blocks, x)),
+    );
+    let kept_plain = kept_by(&x, |x| run_plain(&blocks, x));
+    assert!(
+        kept_full < kept_sel && kept_sel < kept_plain,
+        "full {kept_full} B < selective {kept_sel} B < plain {kept_plain} B"
+    );
+}
+
+ckpt::model! {
+    #[checkpointed(segments = 3, policy = selective)]
+    struct Stack(p) {
+        blocks: [Block; 4] = Block::new(p) => |b, xs| b.forward(xs),
+    }
+}
+
+/// `model!` with `policy = selective`, and `set_policy` at run time: one model run plain
+/// (`set_segments(1)`), selective and with full recompute gives the same gradients.
+#[test]
+fn model_takes_the_policy_and_changes_it_at_run_time() {
+    let _rng = rng();
+    tch::manual_seed(8);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let mut model = Stack::new(vs.root());
+    assert_eq!(model.policy(), Policy::selective());
+    let x = Tensor::randn([2, 16, D], (Kind::Float, Device::Cpu));
+    let sel = step(&vs, &x, &|x| model.forward(x));
+    let kept_sel = kept_by(&x, |x| model.forward(x));
+    model.set_policy(Policy::RECOMPUTE_ALL);
+    let full = step(&vs, &x, &|x| model.forward(x));
+    let kept_full = kept_by(&x, |x| model.forward(x));
+    model.set_segments(1).unwrap();
+    let plain = step(&vs, &x, &|x| model.forward(x));
+    assert_all_equal("model!, selective vs plain", &sel, &plain);
+    assert_all_equal("model!, full vs plain", &full, &plain);
+    assert!(
+        kept_full < kept_sel,
+        "full {kept_full} B < selective {kept_sel} B"
+    );
+}
