@@ -234,16 +234,201 @@ fn an_undefined_input_tensor_is_an_error() {
     assert_eq!(ckpt::live_segments(), base);
 }
 
+/// The cause is libtorch's (the graph was freed), with the fix; not the in-place error
+/// that a freed stash used to be reported as.
 #[test]
 fn a_second_backward_through_the_same_graph_is_libtorchs_error() {
     let _g = serial();
-    let y: Tensor = ckpt::checkpoint(|x: Tensor| x.sin(), x());
+    let opts = CheckpointOptions::new().name("twice");
+    let y: Tensor = ckpt::checkpoint_with(&opts, |x: Tensor| x.sin(), x());
     let loss = y.sum(Kind::Float);
     loss.backward();
     let err = loss.f_backward().unwrap_err().to_string();
     assert!(
-        err.contains("Trying to backward through the graph a second time"),
+        err.contains("checkpoint `twice`: trying to backward through the graph a second time"),
         "{err}"
+    );
+    assert!(err.contains("keep_graph = true"), "the fix: {err}");
+    assert!(err.contains("retain_graph=True"), "PyTorch's name: {err}");
+    assert!(!err.contains("modified in place"), "{err}");
+
+    // With the graph kept, a second backward works and doubles the gradient, as plain.
+    let xs = x();
+    let y: Tensor = ckpt::checkpoint(|x: Tensor| x.sin(), xs.shallow_clone());
+    let loss = y.sum(Kind::Float);
+    let g1 = Tensor::run_backward(&[&loss], &[&xs], true, false).remove(0);
+    let g2 = Tensor::run_backward(&[&loss], &[&xs], false, false).remove(0);
+    assert!(g1.equal(&xs.cos()) && g2.equal(&g1));
+}
+
+/// A panicking module in a chain, for the `f_` functions over modules.
+#[derive(Debug)]
+struct Boom(bool);
+
+impl ckpt::ShallowClone for Boom {
+    fn shallow_clone(&self) -> Self {
+        Boom(self.0)
+    }
+}
+
+impl tch::nn::Module for Boom {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        assert!(!self.0, "module says no");
+        xs * 2.0
+    }
+}
+
+fn closure_panicked(r: Result<Tensor, CkptError>, segment_has: &str) {
+    match r {
+        Err(CkptError::ClosurePanicked {
+            segment,
+            recompute: false,
+            message,
+        }) => {
+            assert!(message.contains("module says no"), "{message}");
+            assert!(segment.contains(segment_has), "{segment}");
+        }
+        other => panic!("expected ClosurePanicked, got {other:?}"),
+    }
+}
+
+/// Every `f_` entry point returns `ClosurePanicked` for a panicking closure or module,
+/// under `no_grad` (where it runs user code plainly) as with grad, and in the part of a
+/// chain that is not checkpointed; grad mode is as it was afterwards.
+#[test]
+fn f_functions_return_closure_panicked_with_or_without_grad() {
+    let _g = serial();
+    let base = ckpt::live_segments();
+    let opts = CheckpointOptions::new().name("quiet");
+    let r = tch::no_grad(|| {
+        ckpt::f_checkpoint_with(
+            &opts,
+            |_: Tensor| -> Tensor { panic!("module says no") },
+            x(),
+        )
+    });
+    closure_panicked(r, "quiet");
+    let r = tch::no_grad(|| {
+        ckpt::f_checkpoint(|_: Tensor| -> Tensor { panic!("module says no") }, x())
+    });
+    closure_panicked(r, "errors.rs");
+
+    let xs = x();
+    for grad in [true, false] {
+        let run = |f: &dyn Fn() -> Result<Tensor, CkptError>| {
+            if grad { f() } else { tch::no_grad(f) }
+        };
+        // The panicking module in a checkpointed group, then in the last (plain) group.
+        let first = [Boom(true), Boom(false), Boom(false), Boom(false)];
+        let last = [Boom(false), Boom(false), Boom(false), Boom(true)];
+        closure_panicked(
+            run(&|| ckpt::f_checkpoint_sequential(&first, 2, &xs)),
+            "segment 1 of 2",
+        );
+        closure_panicked(
+            run(&|| ckpt::f_checkpoint_sequential(&last, 2, &xs)),
+            "segment 2 of 2 (modules 2..4, not checkpointed)",
+        );
+        closure_panicked(
+            run(&|| ckpt::plan::f_checkpoint_sequential_binomial(&last, 1, &xs)),
+            "checkpoint_sequential_binomial",
+        );
+        closure_panicked(
+            run(&|| ckpt::plan::f_checkpoint_sequential_binomial(&first, 1, &xs)),
+            "checkpoint_sequential_binomial",
+        );
+        let plan = ckpt::plan::ChainCost::new(vec![Default::default(); 4], 0)
+            .evaluate(&[2])
+            .unwrap();
+        closure_panicked(
+            run(&|| ckpt::f_checkpoint_sequential_plan(&last, &plan, &xs)),
+            "not checkpointed",
+        );
+        let probe = Tensor::ones([1], (Kind::Float, Device::Cpu)).set_requires_grad(true) * 2.0;
+        assert!(probe.requires_grad(), "grad mode is on again");
+    }
+    // The planner: under no_grad it runs the chain plainly; with grad it profiles first.
+    let mut planner = ckpt::plan::SequentialPlanner::new(ckpt::plan::Objective::MinPeak);
+    let last = [Boom(false), Boom(true)];
+    closure_panicked(tch::no_grad(|| planner.f_forward(&last, &xs)), "no grad");
+    closure_panicked(planner.f_forward(&last, &xs), "profiling, stage 1");
+    closure_panicked(
+        ckpt::plan::f_profile_sequential(&last, &xs).map(|_| Tensor::new()),
+        "profiling, stage 1",
+    );
+    assert!(
+        (Tensor::ones([1], (Kind::Float, Device::Cpu)).set_requires_grad(true) * 2.0)
+            .requires_grad(),
+        "grad mode is on again after a panic in a profiling run"
+    );
+    assert_eq!(ckpt::live_segments(), base);
+}
+
+/// An output that is a view of a tensor made inside the segment, written in place after
+/// it (as a YOLO detection head writes into slices of its output): values and gradients
+/// as without checkpointing.
+#[test]
+fn an_in_place_op_on_an_output_view_works_as_in_the_plain_function() {
+    let _g = serial();
+    let head = |x: &Tensor| (x * 2.0).view([2, 3]);
+    let write = |a: &Tensor| {
+        let src = a.narrow(1, 1, 1).sigmoid();
+        a.narrow(1, 0, 1).copy_(&src);
+        let _ = a.narrow(1, 2, 1).g_mul_scalar_(3.0);
+    };
+    let x = Tensor::randn([6], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let w = Tensor::randn([2, 3], (Kind::Float, Device::Cpu));
+    let a = head(&x);
+    write(&a);
+    (&a * &w).sum(Kind::Float).backward();
+    let (want, want_grad) = (a.detach().copy(), x.grad().copy());
+    let _ = x.grad().zero_();
+
+    let a: Tensor = ckpt::checkpoint(move |x: Tensor| head(&x), x.shallow_clone());
+    write(&a);
+    (&a * &w).sum(Kind::Float).backward();
+    assert!(a.detach().equal(&want), "values");
+    assert!(x.grad().equal(&want_grad), "gradients");
+
+    // Several outputs, views of distinct tensors made inside.
+    let _ = x.grad().zero_();
+    let (a, b): (Tensor, Tensor) = ckpt::checkpoint(
+        move |x: Tensor| (head(&x), x.exp().view([3, 2]).transpose(0, 1)),
+        x.shallow_clone(),
+    );
+    write(&a);
+    let _ = b.narrow(1, 0, 1).zero_();
+    (&a * &w + &b).sum(Kind::Float).backward();
+    let plain_b = {
+        let b = x.detach().exp().view([3, 2]).transpose(0, 1);
+        let _ = b.narrow(1, 0, 1).zero_();
+        b
+    };
+    assert!(a.detach().equal(&want) && b.detach().equal(&plain_b));
+    let mask = Tensor::ones([3, 2], (Kind::Float, Device::Cpu));
+    let _ = mask.narrow(0, 0, 1).zero_();
+    let want_b_grad = x.detach().exp() * mask.view([6]);
+    assert!(x.grad().equal(&(want_grad + want_b_grad)), "both paths");
+}
+
+/// A view of an input shares the stash's storage: writing into it changes what the
+/// recompute would read, which backward reports naming the segment and the fix.
+#[test]
+fn an_in_place_op_on_an_output_view_of_an_input_is_an_error_naming_the_segment() {
+    let _g = serial();
+    let x = Tensor::randn([6], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let h = &x * 1.0;
+    let opts = CheckpointOptions::new().name("reshaper");
+    let a: Tensor = ckpt::checkpoint_with(&opts, |h: Tensor| h.view([2, 3]), h);
+    let _ = a.narrow(1, 0, 1).fill_(0.0);
+    let err = a.sum(Kind::Float).f_backward().unwrap_err().to_string();
+    assert!(
+        err.contains("checkpoint `reshaper`: an input of the segment was modified in place"),
+        "{err}"
+    );
+    assert!(
+        err.contains("apply the in-place op to a copy"),
+        "the fix: {err}"
     );
 }
 

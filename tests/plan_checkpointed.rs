@@ -12,7 +12,7 @@ mod common;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use ckpt::{ShallowClone, checkpointed};
-use tch::nn::{self, Module};
+use tch::nn::{self, Module, ModuleT};
 use tch::{Device, Kind, Tensor};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -398,4 +398,48 @@ fn plans_per_function_are_bounded() {
         stepped(&xs, step).backward();
         assert_eq!(count(), (step + 1).min(max), "after step {step}");
     }
+}
+
+#[derive(Debug, ShallowClone)]
+struct Reshaper {
+    lin: nn::Linear,
+    bn: nn::BatchNorm,
+}
+
+impl Reshaper {
+    /// Fails in its second statement for a batch that is not a multiple of 7.
+    #[checkpointed(segments = auto)]
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        let h = xs.apply(&self.lin).relu();
+        let h = h.view([-1, 7]).relu();
+        h.view([-1, 8])
+    }
+}
+
+/// A stage that panics while `segments = auto` profiles it: the panic reaches the caller,
+/// and grad mode, the random streams and batch norm's running statistics are as before
+/// (the profiler holds them in guards, which unwinding releases).
+#[test]
+fn a_panic_while_profiling_leaves_grad_mode_and_statistics_alone() {
+    let _serial = serial();
+    tch::manual_seed(9);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let m = Reshaper {
+        lin: nn::linear(vs.root() / "lin", 8, 8, Default::default()),
+        bn: nn::batch_norm1d(vs.root() / "bn", 8, Default::default()),
+    };
+    let bad = Tensor::randn([3, 8], (Kind::Float, Device::Cpu));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.forward(&bad)));
+    assert!(r.is_err(), "the shape error reaches the caller");
+    let probe = Tensor::ones([1], (Kind::Float, Device::Cpu)).set_requires_grad(true) * 2.0;
+    assert!(probe.requires_grad(), "grad mode is on again");
+    // Running statistics are updated by a training forward again (not left frozen).
+    let before = m.bn.running_mean.copy();
+    let _ =
+        m.bn.forward_t(&Tensor::randn([4, 8], (Kind::Float, Device::Cpu)), true);
+    assert!(!m.bn.running_mean.equal(&before), "statistics not frozen");
+    // And the function works on a good batch.
+    let good = Tensor::randn([7, 8], (Kind::Float, Device::Cpu));
+    let y = m.forward(&good);
+    assert_eq!(y.size(), [7, 8]);
 }

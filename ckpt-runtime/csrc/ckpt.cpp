@@ -25,6 +25,8 @@
 
 #include "policy.h"
 
+#include "extra.h"
+
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -107,13 +109,13 @@ bool cuda_present() {
 }
 
 struct RngState {
-  at::Tensor cpu;
+  at::Tensor cpu;  // undefined: the CPU generator is not saved
   std::vector<std::pair<c10::DeviceIndex, at::Tensor>> cuda;
 
-  // CPU generator, plus the CUDA generators of `devices`.
-  static RngState capture(const std::set<c10::DeviceIndex>& devices) {
+  // The CPU generator (when `with_cpu`), plus the CUDA generators of `devices`.
+  static RngState capture(const std::set<c10::DeviceIndex>& devices, bool with_cpu = true) {
     RngState s;
-    s.cpu = generator_state(at::detail::getDefaultCPUGenerator());
+    if (with_cpu) s.cpu = generator_state(at::detail::getDefaultCPUGenerator());
     for (auto idx : devices) {
       auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, idx));
       s.cuda.emplace_back(idx, generator_state(gen));
@@ -122,7 +124,7 @@ struct RngState {
   }
 
   void restore() const {
-    set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
+    if (cpu.defined()) set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
     for (const auto& [idx, st] : cuda) {
       set_generator_state(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, idx)),
                           st);
@@ -238,6 +240,9 @@ std::vector<at::Tensor> call_closure(const Segment& seg, bool recompute,
 // forward's, and put the current one back when the recompute is over.
 struct RecomputeStateGuard {
   const Segment& seg;
+  // The forward updated batch norm's running statistics; the recompute must not again
+  // (csrc/buffers.cpp).
+  ckpt::FrozenRunningStats frozen_stats;
   bool restore_rng = false;
   RngState saved_rng;
   AutocastState saved_autocast;
@@ -252,7 +257,7 @@ struct RecomputeStateGuard {
     if (seg.has_rng) {
       std::set<c10::DeviceIndex> devices;
       for (const auto& [idx, st] : seg.rng.cuda) devices.insert(idx);
-      saved_rng = RngState::capture(devices);
+      saved_rng = RngState::capture(devices, seg.rng.cpu.defined());
       restore_rng = true;
       seg.rng.restore();
     }
@@ -285,6 +290,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
                                void* fwd_ctx) {
     (void)dummy;
     std::vector<at::Tensor> in(inputs.begin(), inputs.end());
+    ckpt::RngProbe rng_before;
     if (seg->preserve_rng_state) {
       std::set<c10::DeviceIndex> devices;
       for (const auto& t : in) {
@@ -293,8 +299,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       if (devices.empty() && cuda_present()) {
         devices.insert(at::detail::getCUDAHooks().getCurrentDevice());
       }
-      seg->rng = RngState::capture(devices);
-      seg->has_rng = true;
+      rng_before = ckpt::RngProbe::take(devices);
     }
     seg->autocast = AutocastState::capture();
     seg->policy = ckpt_policy::cache_for_new_segment();
@@ -303,6 +308,12 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     {
       ckpt_policy::Scope record(seg->policy.get(), /*replay=*/false);
       outs = call_closure(*seg, false, in, fwd_ctx);
+    }
+
+    // Only the generators the forward drew from need their state kept (csrc/rng.cpp).
+    if (seg->preserve_rng_state) {
+      rng_before.moved(seg->rng.cpu, seg->rng.cuda);
+      seg->has_rng = seg->rng.cpu.defined() || !seg->rng.cuda.empty();
     }
 
     // The node becomes the grad_fn of every output that is not an input. An output that
@@ -316,11 +327,44 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     // input through the node (so gradients take the same path, and sum in the same order,
     // as the other outputs'); an in-place op on that view is libtorch's error, as an
     // in-place op on a stashed input would be at backward.
-    for (auto& o : outs) {
-      if (!o.defined() || o.use_count() <= 1) continue;
-      bool is_input = false;
-      for (const auto& x : in) is_input = is_input || x.unsafeGetTensorImpl() == o.unsafeGetTensorImpl();
-      if (!is_input) o = o.alias();
+    //
+    // An output that is a view (`(x * 2).view(..)`, `x.transpose(..)`) would be a view
+    // through a custom function, and an in-place op on it after the segment (a detection
+    // head writing into a slice of its output) is refused by libtorch, though the plain
+    // function allows it. Such an output is detached instead: a tensor of its own (same
+    // storage, same version counter) whose grad_fn is the node, which in-place ops then
+    // rebase as they would the plain output. Not when autograd must keep seeing the view:
+    // its base requires grad and is not an input (a view of a parameter: libtorch refuses
+    // in-place ops on it in the plain function too), or another output is its base or a
+    // view of the same base (an in-place op on one must be seen through the other). A view
+    // of an input shares the input's version counter, so an in-place op on it is the error
+    // for a modified stash, at backward, naming the segment.
+    auto is_input = [&](const at::TensorBase& t) {
+      for (const auto& x : in) {
+        if (x.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return true;
+      }
+      return false;
+    };
+    std::vector<c10::TensorImpl*> bases(outs.size(), nullptr);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (outs[i].defined() && outs[i].is_view()) bases[i] = outs[i]._base().unsafeGetTensorImpl();
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      auto& o = outs[i];
+      if (!o.defined() || is_input(o)) continue;
+      if (bases[i] != nullptr) {
+        const at::TensorBase& base = o._base();
+        bool shared = base.requires_grad() && !is_input(base);
+        for (size_t j = 0; j < outs.size() && !shared; ++j) {
+          if (j == i || !outs[j].defined()) continue;
+          shared = outs[j].unsafeGetTensorImpl() == bases[i] || bases[j] == bases[i];
+        }
+        if (!shared) {
+          o = o.detach();
+          continue;
+        }
+      }
+      if (o.use_count() > 1) o = o.alias();
     }
 
     std::vector<at::Tensor> non_differentiable;
@@ -348,6 +392,15 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     try {
       saved = ctx->get_saved_variables();
     } catch (const c10::Error& e) {
+      const std::string why = e.what_without_backtrace();
+      if (why.find("backward through the graph a second time") != std::string::npos) {
+        fail("checkpoint `", seg->name,
+             "`: trying to backward through the graph a second time: the first backward "
+             "freed the segment's saved inputs, as it frees the tensors every node saved. "
+             "To backward twice, keep the graph in the first one (keep_graph = true in "
+             "Tensor::run_backward, PyTorch's retain_graph=True), or run the forward "
+             "again. libtorch: ", why);
+      }
       fail("checkpoint `", seg->name,
            "`: an input of the segment was modified in place after the forward pass; a "
            "checkpoint keeps its inputs to recompute from them, so they must stay as they "

@@ -65,6 +65,7 @@ unsafe extern "C" {
     fn ckpt_rng_save() -> *mut c_void;
     fn ckpt_rng_restore(state: *mut c_void);
     fn ckpt_autocast_exit();
+    fn ckpt_running_stats_freeze(on: i32);
 }
 
 /// A segment's closure with its types erased: flat input tensors in, flat output tensors
@@ -429,5 +430,48 @@ impl Drop for RngFork {
     fn drop(&mut self) {
         // SAFETY: the pointer came from `ckpt_rng_save` and is restored and freed once.
         unsafe { ckpt_rng_restore(self.0) }
+    }
+}
+
+/// libtorch's grad mode set for the calling thread until drop, which puts the previous
+/// mode back, on unwinding too (`tch::no_grad(..)` and `tch::with_grad(..)` do not when
+/// their closure panics).
+pub(crate) struct GradMode(bool);
+
+impl GradMode {
+    pub(crate) fn set(enabled: bool) -> Self {
+        // SAFETY: sets a thread-local flag of libtorch and returns the previous one; no
+        // pointers.
+        GradMode(unsafe { torch_sys::at_grad_set_enabled(enabled as i32) } != 0)
+    }
+}
+
+impl Drop for GradMode {
+    fn drop(&mut self) {
+        // SAFETY: as in `set`.
+        unsafe { torch_sys::at_grad_set_enabled(self.0 as i32) };
+    }
+}
+
+/// Batch norm's running statistics frozen on the calling thread until drop
+/// (`csrc/buffers.cpp`): training-mode batch norm and instance norm normalise with the
+/// batch statistics but do not update the running ones. The node's recompute does the
+/// same in C++.
+/// Not `Send`: the counter it holds up is the creating thread's.
+pub(crate) struct FrozenRunningStats(std::marker::PhantomData<*const ()>);
+
+impl FrozenRunningStats {
+    pub(crate) fn new() -> Self {
+        // SAFETY: increments a thread-local counter; no pointers.
+        unsafe { ckpt_running_stats_freeze(1) };
+        FrozenRunningStats(std::marker::PhantomData)
+    }
+}
+
+impl Drop for FrozenRunningStats {
+    fn drop(&mut self) {
+        // SAFETY: decrements the counter that `new` incremented, on the same thread (the
+        // guard is not `Send`).
+        unsafe { ckpt_running_stats_freeze(0) };
     }
 }

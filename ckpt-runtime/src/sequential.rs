@@ -71,7 +71,8 @@ where
 /// # Errors
 ///
 /// [`CkptError::InvalidArgument`] for `segments = 0`; as [`crate::f_checkpoint`] for a
-/// failing module.
+/// failing module ([`CkptError::ClosurePanicked`] when a module panics, in a
+/// checkpointed group or in the last, plain one, with or without grad).
 pub fn f_checkpoint_sequential<M>(
     modules: &[M],
     segments: usize,
@@ -153,7 +154,16 @@ where
         );
         xs = checkpoint::run(&options, name, move |x: Tensor| chain(&group, x, step), xs)?;
     }
-    Ok(chain(&modules[last.clone()], xs, step))
+    let segment = || {
+        format!(
+            "checkpoint_sequential segment {} of {} (modules {}..{}, not checkpointed)",
+            ranges.len(),
+            ranges.len(),
+            last.start,
+            last.end
+        )
+    };
+    checkpoint::run_plain(segment, || chain(&modules[last.clone()], xs, step))
 }
 
 /// Runs `xs` through `modules` one after the other.

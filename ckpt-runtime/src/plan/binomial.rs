@@ -175,7 +175,13 @@ where
 {
     let n = modules.len();
     let Some(r) = binomial_repetitions(n, snapshots).filter(|&r| r > 0) else {
-        return Ok(chain(modules, xs, step));
+        let segment = || {
+            format!(
+                "checkpoint_sequential_binomial modules {offset}..{} (not checkpointed)",
+                offset + n
+            )
+        };
+        return checkpoint::run_plain(segment, || chain(modules, xs, step));
     };
     let m = n.saturating_sub(binomial_capacity(snapshots - 1, r)).max(1);
     let group: Vec<M> = modules[..m]

@@ -54,7 +54,9 @@
 //! - `forward_seconds`: the time of the forward with grad, i.e. of its recompute;
 //!
 //! and per chain `o` = [`ChainCost::checkpoint_bytes`], what a checkpointed segment keeps
-//! besides its stash (the RNG state copy of `preserve_rng_state`: 5,056 bytes on CPU).
+//! besides its stash (the RNG state copy of `preserve_rng_state`: 5,056 bytes on CPU,
+//! kept by a segment whose forward draws random numbers; the profile counts it for every
+//! segment, an upper bound).
 //!
 //! With `K(a, b) = k_a + … + k_{b-1}`, `e_i = max(f_i, in_{i+1} + t_i)` (stage `i`'s
 //! worst moment: its forward temporaries, or its backward with a fresh incoming gradient)
@@ -278,7 +280,8 @@ pub struct ChainCost {
     /// counted as a fresh tensor of this size.
     pub output_bytes: u64,
     /// Bytes a checkpointed segment keeps besides its stash (the RNG state copy when
-    /// `preserve_rng_state` is on: 5,056 bytes on CPU, none on a CUDA device).
+    /// `preserve_rng_state` is on and the segment draws random numbers: 5,056 bytes on
+    /// CPU, none on a CUDA device; the profile counts it for every segment).
     pub checkpoint_bytes: u64,
 }
 

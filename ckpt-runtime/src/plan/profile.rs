@@ -9,6 +9,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::{ChainCost, Objective, Plan, StageCost};
 use crate::checkpoint::{self, CheckpointOptions};
+use crate::ffi::GradMode;
 use crate::memory;
 use crate::sequential::{chain, run_chain};
 use crate::{CkptError, ShallowClone};
@@ -82,8 +83,10 @@ pub fn f_profile_sequential_t<M: ModuleT>(
 ///    output does not require grad (an embedding of integer ids) get 0.
 ///
 /// `input_bytes` is `x_i`'s size (`numel × element size`), `output_bytes` the final
-/// output's, and `checkpoint_bytes` is measured on a one-element probe segment (the RNG
-/// state copy that [`checkpoint`](crate::checkpoint) keeps). The profile costs about two
+/// output's, and `checkpoint_bytes` is measured on a one-element probe segment that draws
+/// a random number (the RNG state copy that [`checkpoint`](crate::checkpoint) keeps for a
+/// segment that draws random numbers; an upper bound, since one that draws none keeps
+/// none). The profile costs about two
 /// forwards and one backward of the chain, one stage at a time, so its own peak is about
 /// one stage's.
 ///
@@ -175,11 +178,19 @@ pub(crate) fn measure_stage<R>(
     roots: impl FnOnce(&R) -> Vec<Tensor>,
     inputs: &[Tensor],
 ) -> Result<(R, StageFigures), CkptError> {
-    drop(tch::no_grad(|| run(true)));
+    // Guards, not `tch::no_grad(..)` / `tch::with_grad(..)`, which leave grad mode as
+    // they set it when the closure panics.
+    drop({
+        let _no_grad = GradMode::set(false);
+        run(true)
+    });
     sync(device);
     let ((out, elapsed), fwd) = memory::f_measure(device, || {
         let start = Instant::now();
-        let out = tch::with_grad(|| run(false));
+        let out = {
+            let _grad = GradMode::set(true);
+            run(false)
+        };
         sync(device);
         (out, start.elapsed())
     })?;
@@ -197,7 +208,8 @@ pub(crate) fn measure_stage<R>(
     if !roots.is_empty() && !inputs.is_empty() {
         let root_refs: Vec<&Tensor> = roots.iter().collect();
         let (grads, bwd) = memory::f_measure(device, || {
-            tch::with_grad(|| Tensor::f_run_backward(&root_refs, &inputs, false, false))
+            let _grad = GradMode::set(true);
+            Tensor::f_run_backward(&root_refs, &inputs, false, false)
         })?;
         if grads.is_ok() {
             let incoming: u64 = roots.iter().map(nbytes).sum();
@@ -230,16 +242,22 @@ where
     // Profiling runs the stages (dropout included) several times; the random streams
     // must not notice, so that the first profiled step draws what an unprofiled one would.
     let _rng = crate::ffi::RngFork::new();
+    // Nor batch norm's running statistics: the real step updates them, once.
+    let _stats = crate::ffi::FrozenRunningStats::new();
     let mut stages = Vec::with_capacity(len);
     let mut x = input.detach();
     for i in 0..len {
         let xd = detached_leaf(&x);
         let (y, fig) = measure_stage(
             device,
-            |warm| step(i, if warm { &x } else { &xd }),
-            |y| vec![y.shallow_clone()],
+            |warm| {
+                let segment = || format!("ckpt::plan profiling, stage {i}");
+                checkpoint::run_plain(segment, || step(i, if warm { &x } else { &xd }))
+            },
+            |y| y.iter().map(Tensor::shallow_clone).collect(),
             std::slice::from_ref(&xd),
         )?;
+        let y = y?;
         stages.push(StageCost {
             input_bytes: nbytes(&x),
             kept_bytes: fig.kept_bytes,
@@ -261,7 +279,9 @@ fn seconds(d: Duration) -> f64 {
 }
 
 /// What a checkpointed segment keeps besides its stash: the retained bytes of a
-/// one-element segment minus those of the same computation run plainly.
+/// one-element segment that draws a random number minus those of the same computation
+/// run plainly (with `preserve_rng_state`, the generator snapshot; an upper bound, since
+/// a segment that draws no random numbers keeps none).
 pub(crate) fn probe_checkpoint_bytes(
     options: &CheckpointOptions,
     device: Device,
@@ -271,10 +291,16 @@ pub(crate) fn probe_checkpoint_bytes(
         let probe = Tensor::zeros([1], (Kind::Float, device));
         let (plain, r_plain) = memory::f_measure(device, || &probe + 1.0)?;
         let (ckpt, r_ckpt) = memory::f_measure(device, || {
+            // The probe draws a random number, as a segment with dropout does, so that
+            // the generator snapshot is counted: a segment that draws none keeps none,
+            // so the figure is an upper bound.
             checkpoint::run(
                 options,
                 "ckpt::plan profiling probe".into(),
-                |x: Tensor| &x + 1.0,
+                |x: Tensor| {
+                    drop(x.rand_like());
+                    &x + 1.0
+                },
                 probe.shallow_clone(),
             )
         })?;
@@ -365,6 +391,24 @@ where
     run_chain(modules, &plan.ranges(), input, move |m: &M, xs: &Tensor| {
         m.forward_t(xs, train)
     })
+}
+
+/// The chain run plainly (under `no_grad`), a panic of a module being
+/// [`CkptError::ClosurePanicked`] as in a checkpointed run.
+fn plain_chain<M>(
+    modules: &[M],
+    input: &Tensor,
+    step: impl Fn(&M, &Tensor) -> Tensor,
+) -> Result<Tensor, CkptError> {
+    checkpoint::run_plain(
+        || {
+            format!(
+                "SequentialPlanner chain (modules 0..{}, no grad)",
+                modules.len()
+            )
+        },
+        || chain(modules, input.shallow_clone(), step),
+    )
 }
 
 /// The key of a cached plan: what the profile depends on besides the modules.
@@ -502,7 +546,7 @@ impl SequentialPlanner {
     {
         let step = |m: &M, xs: &Tensor| m.forward(xs);
         if !crate::ffi::grad_enabled() {
-            return Ok(chain(modules, input.shallow_clone(), step));
+            return plain_chain(modules, input, step);
         }
         let plan = self.f_plan(modules, input)?;
         check_len(modules.len(), plan)?;
@@ -538,7 +582,7 @@ impl SequentialPlanner {
     {
         let step = move |m: &M, xs: &Tensor| m.forward_t(xs, train);
         if !crate::ffi::grad_enabled() {
-            return Ok(chain(modules, input.shallow_clone(), step));
+            return plain_chain(modules, input, step);
         }
         let plan = self.f_plan_t(modules, input, train)?;
         check_len(modules.len(), plan)?;

@@ -854,6 +854,8 @@ fn profile_env(
     memory::f_stats(device)?;
     // As `profile::profile`: the random streams must not notice the profiling runs.
     let _rng = crate::ffi::RngFork::new();
+    // Nor batch norm's running statistics: the real step updates them, once.
+    let _stats = crate::ffi::FrozenRunningStats::new();
     let args: HashSet<usize> = env
         .tensors()
         .filter(|t| t.defined())
