@@ -1,17 +1,22 @@
-//! Compiles `csrc/ckpt.cpp` (the autograd node, the counting CPU allocator, RNG and
-//! autocast state), `csrc/buffers.cpp` (batch norm statistics frozen in recomputes) and
-//! `csrc/rng.cpp` (generator snapshots) against the libtorch that `torch-sys` found, with the same flags.
+//! Compiles the C++ beside the Rust (`csrc/`) against the libtorch that `torch-sys`
+//! found, with the same flags: `ckpt.cpp` (the autograd node, the counting CPU
+//! allocator, autocast state), `rng.cpp` (generator snapshots), `buffers.cpp` (batch
+//! norm statistics frozen in recomputes) and `policy.cpp` (selective checkpointing).
 
 use std::env;
 use std::path::PathBuf;
 
+/// The translation units, and the headers they share.
+const SOURCES: [&str; 4] = [
+    "csrc/ckpt.cpp",
+    "csrc/rng.cpp",
+    "csrc/buffers.cpp",
+    "csrc/policy.cpp",
+];
+const HEADERS: [&str; 2] = ["csrc/extra.h", "csrc/policy.h"];
+
 fn main() {
-    for file in [
-        "csrc/ckpt.cpp",
-        "csrc/buffers.cpp",
-        "csrc/rng.cpp",
-        "csrc/extra.h",
-    ] {
+    for file in SOURCES.iter().chain(&HEADERS) {
         println!("cargo:rerun-if-changed={file}");
     }
     // `torch-sys` declares `links = "tch"` and prints `cargo:libtorch_lib=...`, which
@@ -41,9 +46,7 @@ fn main() {
         .flag("-Wextra")
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .define("GLOG_USE_GLOG_EXPORT", None)
-        .file("csrc/ckpt.cpp")
-        .file("csrc/buffers.cpp")
-        .file("csrc/rng.cpp")
+        .files(SOURCES)
         .compile("ckpt_csrc");
     // Dependents (the `ckpt` facade) read this as DEP_CKPT_RUNTIME_LIBTORCH_LIB to set an rpath
     // for their own binaries, tests and examples.

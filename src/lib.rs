@@ -129,6 +129,10 @@ pub use ckpt_runtime::*;
 ///   at run time from a profile of them (see [below](#automatic-cuts-segments--auto-and-budget)).
 /// - `preserve_rng_state = bool` (default `true`) and `determinism_check = bool`
 ///   (default `true`): as [`CheckpointOptions`].
+/// - `policy = full | selective` (default `full`): what each checkpointed segment keeps
+///   from its forward, as [`Policy`]. `selective` keeps every `Linear` output and dropout
+///   mask and recomputes the rest (norms, activations, attention scores): more bytes
+///   kept, less recomputed; gradients unchanged.
 ///
 /// **Which to use.** `#[checkpointed]` on a block's forward for a stack of blocks (each
 /// block recomputed on its own, the least memory for one extra forward); `segments = N`
@@ -589,6 +593,9 @@ pub use ckpt_macros::ShallowClone;
 ///
 /// - `preserve_rng_state = bool` (default `true`), `determinism_check = bool` (default
 ///   `true`): as [`CheckpointOptions`].
+/// - `policy = full | selective` (default `full`): what each checkpointed segment keeps
+///   from its forward ([`Policy`]); the generated `set_policy` / `policy` change and read
+///   it at run time.
 /// - Segments are named in [`CkptError`] messages, for example
 ///   ``Encoder::forward_t segment 1 of 3: stages 0..3, `tok` to `blocks[0]` (src/m.rs:12)``.
 /// - Stages must be side-effect free, as for [`checkpointed`]: they run twice.

@@ -236,6 +236,48 @@ fn quick_run_on_a_tiny_text_corpus() {
     assert!(stdout.contains("neg, pos"), "{stdout}");
 }
 
+/// `--policy selective`: the same numbers as plain, and a peak between the full
+/// recompute's and plain (the checkpointed blocks keep their Linear outputs and masks).
+#[test]
+fn selective_policy_keeps_the_numbers_and_sits_between_full_and_plain() {
+    let tmp = tempfile::tempdir().unwrap();
+    let small = [
+        "--quick",
+        "--layers",
+        "4",
+        "--segments",
+        "2",
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "8",
+        "--train-size",
+        "16",
+        "--test-size",
+        "8",
+    ];
+    let with = |policy: &str| {
+        let mut args = small.to_vec();
+        args.extend(["--policy", policy]);
+        run_ok(&args, &tmp.path().join(format!("{policy}.json"))).0
+    };
+    let (full, selective) = (with("full"), with("selective"));
+    check_comparison(&full, 2);
+    check_comparison(&selective, 2);
+    assert_eq!(full["runs"][0]["policy"], "none");
+    assert_eq!(full["runs"][1]["policy"], "full");
+    assert_eq!(selective["runs"][1]["policy"], "selective");
+    let (plain, full_peak) = peaks(&full);
+    let (plain_again, sel_peak) = peaks(&selective);
+    assert_eq!(plain, plain_again, "plain runs are the same run");
+    assert!(
+        full_peak < sel_peak && sel_peak < plain,
+        "full {full_peak} B < selective {sel_peak} B < plain {plain} B"
+    );
+    // Same seed, same batches: the selective run computes the full run's numbers too.
+    assert_eq!(full["runs"][1]["losses"], selective["runs"][1]["losses"]);
+}
+
 #[test]
 fn bad_data_folders_are_reported_with_their_path() {
     let tmp = tempfile::tempdir().unwrap();

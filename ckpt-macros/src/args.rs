@@ -1,6 +1,6 @@
 //! The arguments of `#[checkpointed(..)]`, on a function and on a `model!` declaration
 //! alike: `segments = N | auto`, `budget = ".."`, `preserve_rng_state = bool`,
-//! `determinism_check = bool`. Unknown and duplicate keys are errors that list the valid
+//! `determinism_check = bool`, `policy = full | selective`. Unknown and duplicate keys are errors that list the valid
 //! ones; every error is collected in the caller's [`Ctxt`], and parsing recovers at the
 //! next comma.
 
@@ -48,6 +48,40 @@ mod kw {
     syn::custom_keyword!(determinism_check);
     syn::custom_keyword!(auto);
     syn::custom_keyword!(budget);
+    syn::custom_keyword!(policy);
+}
+
+/// `policy = full | selective`: what a checkpointed segment keeps from its forward
+/// (`ckpt::Policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PolicyArg {
+    /// `Policy::RECOMPUTE_ALL`: only the segment's inputs.
+    Full,
+    /// `Policy::selective()`: also linear outputs and dropout masks.
+    Selective,
+}
+
+impl PolicyArg {
+    /// The `ckpt::Policy` expression.
+    pub fn tokens(self) -> TokenStream {
+        match self {
+            PolicyArg::Full => quote::quote!(::ckpt::Policy::RECOMPUTE_ALL),
+            PolicyArg::Selective => quote::quote!(::ckpt::Policy::selective()),
+        }
+    }
+}
+
+/// The `CheckpointOptions` a generated segment runs with: the one place both macros
+/// build them. `policy` is an expression of type `ckpt::Policy` (the default when none).
+pub(crate) fn options_tokens(
+    preserve_rng_state: Option<bool>,
+    determinism_check: Option<bool>,
+    policy: Option<TokenStream>,
+) -> TokenStream {
+    let preserve = preserve_rng_state.map(|b| quote::quote!(.preserve_rng_state(#b)));
+    let determinism = determinism_check.map(|b| quote::quote!(.determinism_check(#b)));
+    let policy = policy.map(|p| quote::quote!(.policy(#p)));
+    quote::quote!(::ckpt::__private::CheckpointOptions::new() #preserve #determinism #policy)
 }
 
 /// What the arguments say about the cuts, resolved once: every later stage (the
@@ -76,6 +110,8 @@ pub(crate) struct Args {
     pub preserve_rng_state: Option<bool>,
     /// `determinism_check = bool` (default `true`).
     pub determinism_check: Option<bool>,
+    /// `policy = full | selective` (default `full`).
+    pub policy: Option<PolicyArg>,
     /// Span of the whole argument list (the macro call when there is none).
     pub span: Option<Span>,
 }
@@ -95,7 +131,7 @@ struct Written {
     budget: Option<(Objective, Span)>,
 }
 
-const VALID_KEYS: &str = "`segments = N`, `segments = auto`, `budget = \"..\"`, `preserve_rng_state = bool`, `determinism_check = bool`";
+const VALID_KEYS: &str = "`segments = N`, `segments = auto`, `budget = \"..\"`, `preserve_rng_state = bool`, `determinism_check = bool`, `policy = full | selective`";
 
 /// Parses `key = value, ..`, collecting every error (unknown and duplicate keys, bad
 /// values) in `cx` and recovering at the next comma.
@@ -240,6 +276,22 @@ fn parse_one(
         let value = parse_bool(input, "determinism_check")?;
         if args.determinism_check.replace(value).is_some() {
             cx.error_spanned_by(key, "duplicate argument `determinism_check`");
+        }
+        Ok(())
+    } else if lookahead.peek(kw::policy) {
+        let key: kw::policy = input.parse()?;
+        input.parse::<Token![=]>()?;
+        let expected = "`policy` takes `full` (recompute everything, the default) or `selective` (keep linear outputs and dropout masks): `policy = selective`";
+        let value = input
+            .call(Ident::parse_any)
+            .map_err(|e| syn::Error::new(e.span(), expected))?;
+        let policy = match value.to_string().as_str() {
+            "full" => PolicyArg::Full,
+            "selective" => PolicyArg::Selective,
+            _ => return Err(syn::Error::new(value.span(), expected)),
+        };
+        if args.policy.replace(policy).is_some() {
+            cx.error_spanned_by(key, "duplicate argument `policy`");
         }
         Ok(())
     } else if input.peek(Ident::peek_any) {

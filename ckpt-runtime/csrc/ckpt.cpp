@@ -21,6 +21,9 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
+
+#include "policy.h"
 
 #include "extra.h"
 
@@ -191,6 +194,8 @@ struct Segment : torch::CustomClassHolder {
   RngState rng;
   AutocastState autocast;
   std::vector<OutputMeta> outputs;
+  // What the selective-checkpointing policy kept from forward (null: recompute all).
+  std::shared_ptr<ckpt_policy::Cache> policy;
 
   Segment(void* c, ckpt_run_fn r, ckpt_drop_fn d) : closure(c), run(r), drop(d) {
     g_live_segments.fetch_add(1);
@@ -297,8 +302,13 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       rng_before = ckpt::RngProbe::take(devices);
     }
     seg->autocast = AutocastState::capture();
+    seg->policy = ckpt_policy::cache_for_new_segment();
 
-    std::vector<at::Tensor> outs = call_closure(*seg, false, in, fwd_ctx);
+    std::vector<at::Tensor> outs;
+    {
+      ckpt_policy::Scope record(seg->policy.get(), /*replay=*/false);
+      outs = call_closure(*seg, false, in, fwd_ctx);
+    }
 
     // Only the generators the forward drew from need their state kept (csrc/rng.cpp).
     if (seg->preserve_rng_state) {
@@ -428,7 +438,13 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     {
       RecomputeStateGuard state(*seg);
       at::AutoGradMode grad_on(true);
+      ckpt_policy::Scope replay(seg->policy.get(), /*replay=*/true);
       outs = call_closure(*seg, true, detached, nullptr);
+    }
+    // The recomputed graph holds what its backward needs of the kept tensors; a second
+    // recompute (keep_graph) replays them again.
+    if (!torch::autograd::get_current_graph_task_keep_graph()) {
+      ckpt_policy::release(seg->policy.get());
     }
 
     for (size_t i = 0; i < outs.size(); ++i) {

@@ -24,6 +24,7 @@ pub struct CheckpointOptions {
     pub(crate) preserve_rng_state: bool,
     pub(crate) determinism_check: bool,
     pub(crate) name: Option<String>,
+    pub(crate) policy: Policy,
 }
 
 impl Default for CheckpointOptions {
@@ -39,6 +40,7 @@ impl CheckpointOptions {
             preserve_rng_state: true,
             determinism_check: true,
             name: None,
+            policy: Policy::RECOMPUTE_ALL,
         }
     }
 
@@ -73,6 +75,76 @@ impl CheckpointOptions {
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
+    }
+
+    /// What the segment keeps from its forward instead of recomputing it (selective
+    /// checkpointing; default [`Policy::RECOMPUTE_ALL`]).
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+}
+
+/// A selective checkpointing policy: which results of a segment's forward run are kept
+/// until backward rather than recomputed.
+///
+/// Full recompute ([`Policy::RECOMPUTE_ALL`], PyTorch's `checkpoint`) keeps only the
+/// segment's inputs. [`Policy::selective`] also keeps what is expensive to recompute and
+/// cheap to keep, after Korthikanti et al., "Reducing Activation Recomputation in Large
+/// Transformer Models" (2022), as PyTorch's selective activation checkpointing does with
+/// a policy that returns `CheckpointPolicy.MUST_SAVE` for matmuls
+/// (`torch.utils.checkpoint.create_selective_checkpoint_contexts`):
+///
+/// - **linear outputs** (`save_linear`): the `[.., out_features]` result of every
+///   `Linear` (`aten::linear` with a bias, on a 2-d input or a contiguous one, the
+///   composite's fused `addmm` path), 4 bytes an element in float32; the recompute
+///   skips the matmul. Norms, activations, softmax and attention scores are recomputed.
+/// - **dropout masks** (`save_dropout_masks`, CPU): a bool mask (1 byte an element) and
+///   the generator's state after the draw (about 5 KiB on CPU) for every training-mode
+///   `dropout`; the recompute rebuilds the noise instead of drawing it again.
+///
+/// Gradients are bit-equal to those of the full recompute (and of the model without
+/// checkpointing): the recompute rebuilds the graph libtorch would have built, around
+/// the kept tensors. A kept output changed in place after forward is recomputed; a
+/// recompute that calls linear or dropout in another order or on other shapes than
+/// forward did fails backward with an error. Bytes kept by a segment are freed after its
+/// recompute (kept while `keep_graph` allows a second backward).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Policy {
+    save_linear: bool,
+    save_dropout_masks: bool,
+}
+
+impl Policy {
+    /// Keep only the segment's inputs; recompute everything (the default).
+    pub const RECOMPUTE_ALL: Policy = Policy {
+        save_linear: false,
+        save_dropout_masks: false,
+    };
+
+    /// Keep linear outputs and dropout masks; recompute the rest.
+    pub const fn selective() -> Policy {
+        Policy {
+            save_linear: true,
+            save_dropout_masks: true,
+        }
+    }
+
+    /// Keep (or not) the outputs of `Linear` layers.
+    pub const fn save_linear(mut self, on: bool) -> Policy {
+        self.save_linear = on;
+        self
+    }
+
+    /// Keep (or not) dropout masks (CPU).
+    pub const fn save_dropout_masks(mut self, on: bool) -> Policy {
+        self.save_dropout_masks = on;
+        self
+    }
+
+    /// The bits `csrc/policy.h` reads.
+    pub(crate) fn bits(self) -> u32 {
+        u32::from(self.save_linear) | (u32::from(self.save_dropout_masks) << 1)
     }
 }
 
@@ -255,13 +327,17 @@ where
         (out, Box::new(out_skeleton) as Box<dyn Any>)
     };
     let segment = name.clone();
-    match ffi::apply(
-        Box::new(erased),
-        name,
-        &stash,
-        options.preserve_rng_state,
-        options.determinism_check,
-    ) {
+    let applied = {
+        let _policy = ffi::PolicyGuard::set(options.policy.bits());
+        ffi::apply(
+            Box::new(erased),
+            name,
+            &stash,
+            options.preserve_rng_state,
+            options.determinism_check,
+        )
+    };
+    match applied {
         Ok((tensors, skeleton)) => {
             let skeleton = skeleton
                 .downcast::<O::Skeleton>()

@@ -35,6 +35,7 @@ unsafe extern "C" {
         push_out: PushFn,
         set_err: MsgFn,
     ) -> i32;
+    fn ckpt_policy_exchange(flags: u32) -> u32;
     fn ckpt_grad_enabled() -> i32;
     fn ckpt_live_segments() -> i64;
     fn ckpt_memory_enable();
@@ -286,6 +287,24 @@ pub(crate) fn apply(
         .skeleton
         .expect("ckpt: forward succeeded without a skeleton");
     Ok((out.tensors, skeleton))
+}
+
+/// Sets the selective-checkpointing policy bits of the segments this thread creates
+/// while it lives (`csrc/policy.cpp`), and puts the previous bits back when dropped.
+pub(crate) struct PolicyGuard(u32);
+
+impl PolicyGuard {
+    pub(crate) fn set(bits: u32) -> PolicyGuard {
+        // SAFETY: swaps a thread-local integer; no pointers.
+        PolicyGuard(unsafe { ckpt_policy_exchange(bits) })
+    }
+}
+
+impl Drop for PolicyGuard {
+    fn drop(&mut self) {
+        // SAFETY: as in `set`.
+        unsafe { ckpt_policy_exchange(self.0) };
+    }
 }
 
 pub(crate) fn grad_enabled() -> bool {

@@ -26,7 +26,7 @@ mod shallow;
 mod stash;
 
 pub use checkpoint::{
-    CheckpointOptions, checkpoint, checkpoint_with, f_checkpoint, f_checkpoint_with,
+    CheckpointOptions, Policy, checkpoint, checkpoint_with, f_checkpoint, f_checkpoint_with,
     is_recomputing, live_segments,
 };
 pub use error::CkptError;

@@ -52,6 +52,25 @@ enum Mode {
     Checkpointed,
 }
 
+/// `--policy`: what the checkpointed runs keep from each segment's forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PolicyArg {
+    /// Keep only each segment's input; recompute everything (PyTorch's `checkpoint`).
+    Full,
+    /// Also keep every Linear output and dropout mask; recompute the attention core,
+    /// norms and activations (`ckpt::Policy::selective`).
+    Selective,
+}
+
+impl PolicyArg {
+    fn policy(self) -> ckpt::Policy {
+        match self {
+            PolicyArg::Full => ckpt::Policy::RECOMPUTE_ALL,
+            PolicyArg::Selective => ckpt::Policy::selective(),
+        }
+    }
+}
+
 /// `--device`: `cpu`, `cuda`, `cuda:N` or `auto` (CUDA device 0 when available).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum DeviceArg {
@@ -149,6 +168,11 @@ struct Args {
     /// model's stages on the first batch).
     #[arg(long, default_value = "3")]
     segments: SegmentsArg,
+    /// What each checkpointed segment keeps from its forward: `full` keeps only its
+    /// input; `selective` also keeps Linear outputs and dropout masks (more memory, less
+    /// recompute; gradients unchanged).
+    #[arg(long, value_enum, default_value_t = PolicyArg::Full)]
+    policy: PolicyArg,
     /// Train the runs one after the other instead of taking turns step by step
     /// (interleaving keeps the time comparison fair when other processes load the
     /// machine; the numbers are the same either way).
@@ -371,6 +395,7 @@ fn main() -> Result<()> {
         weight_decay: args.weight_decay,
         seed: args.seed,
         device,
+        policy: args.policy.policy(),
     };
 
     println!("task:   {}", task.description);

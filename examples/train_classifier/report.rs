@@ -80,6 +80,8 @@ pub struct RunJson {
     pub name: String,
     /// Segments (0 = plain).
     pub segments: usize,
+    /// What checkpointed segments keep: `full`, `selective`, or `none` (plain).
+    pub policy: String,
     /// Peak tensor bytes above the pre-step baseline of a steady training step.
     pub peak_bytes: i64,
     /// Median step wall time, seconds.
@@ -119,6 +121,7 @@ impl RunJson {
         RunJson {
             name: run.name.clone(),
             segments: run.segments,
+            policy: run.policy.to_owned(),
             peak_bytes: run.peak_bytes,
             step_seconds_median: run.step_seconds_median,
             epoch_seconds: run.epoch_seconds,
@@ -149,9 +152,10 @@ pub fn table(runs: &[RunResult]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<14} {:>8} {:>10} {:>12} {:>10} {:>9} {:>10} {:>9} {:>11}",
+        "{:<14} {:>8} {:>9} {:>10} {:>12} {:>10} {:>9} {:>10} {:>9} {:>11}",
         "run",
         "segments",
+        "policy",
         "peak MiB",
         "step s (med)",
         "epoch s",
@@ -175,9 +179,10 @@ pub fn table(runs: &[RunResult]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<14} {:>8} {:>10.1} {:>12.3} {:>10.1} {:>9} {:>10} {:>9.3} {:>11.4}",
+            "{:<14} {:>8} {:>9} {:>10.1} {:>12.3} {:>10.1} {:>9} {:>10} {:>9.3} {:>11.4}",
             r.name,
             segments,
+            if r.policy == "none" { "-" } else { r.policy },
             r.peak_bytes as f64 / MIB,
             r.step_seconds_median,
             r.epoch_seconds,

@@ -43,6 +43,8 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Where the model runs.
     pub device: Device,
+    /// What the checkpointed segments keep from their forward.
+    pub policy: ckpt::Policy,
 }
 
 /// What one run measured.
@@ -52,6 +54,8 @@ pub struct RunResult {
     pub name: String,
     /// Segments of `checkpoint_sequential_t`; 0 for plain.
     pub segments: usize,
+    /// `full` or `selective` for checkpointed runs, `none` for plain.
+    pub policy: &'static str,
     /// Peak tensor bytes above the step's baseline, largest over the steps after the
     /// first (the first when there is only one).
     pub peak_bytes: i64,
@@ -155,6 +159,7 @@ impl Run {
         let vs = nn::VarStore::new(cfg.device);
         let mut model = Classifier::new(vs.root(), model_cfg);
         strategy.apply(&mut model, model_cfg.layers)?;
+        model.set_policy(cfg.policy);
         let opt = nn::AdamW {
             wd: cfg.weight_decay,
             ..Default::default()
@@ -177,6 +182,11 @@ impl Run {
             result: RunResult {
                 name: name.to_owned(),
                 segments: strategy.segments(),
+                policy: match (strategy, cfg.policy == ckpt::Policy::RECOMPUTE_ALL) {
+                    (Strategy::Plain, _) => "none",
+                    (_, true) => "full",
+                    (_, false) => "selective",
+                },
                 peak_bytes: 0,
                 first_step_peak_bytes: 0,
                 baseline_bytes: 0,

@@ -243,12 +243,11 @@ fn prelude(
     options: &Ident,
     shared_self: &Ident,
 ) -> TokenStream {
-    let preserve = args
-        .preserve_rng_state
-        .map(|b| quote!(.preserve_rng_state(#b)));
-    let determinism = args
-        .determinism_check
-        .map(|b| quote!(.determinism_check(#b)));
+    let new_options = crate::args::options_tokens(
+        args.preserve_rng_state,
+        args.determinism_check,
+        args.policy.map(crate::args::PolicyArg::tokens),
+    );
     let self_capture = match (groups.iter().any(|g| g.uses_self), plan.self_span) {
         (true, Some(span)) => {
             let self_token = Ident::new("self", span);
@@ -266,7 +265,7 @@ fn prelude(
         quote_spanned!(c.span()=> let #shared = ::ckpt::__private::#capture(#c);)
     });
     quote! {
-        let #options = ::ckpt::__private::CheckpointOptions::new() #preserve #determinism;
+        let #options = #new_options;
         #self_capture
         #(#captures)*
     }

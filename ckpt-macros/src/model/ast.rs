@@ -44,6 +44,7 @@ pub(crate) struct Checkpoint {
     pub segments: Segments,
     pub preserve_rng_state: Option<bool>,
     pub determinism_check: Option<bool>,
+    pub policy: Option<crate::args::PolicyArg>,
 }
 
 /// How the chain is cut into segments: the schedule a model starts with

@@ -58,6 +58,7 @@ pub(crate) fn parse_checkpointed(attr: &Attribute, cx: &mut Ctxt) -> Option<Chec
         segments,
         preserve_rng_state: args.preserve_rng_state,
         determinism_check: args.determinism_check,
+        policy: args.policy,
     })
 }
 

@@ -381,7 +381,11 @@ fn constructor(model: &Model) -> TokenStream {
     }
     if let Some(c) = &model.checkpoint {
         let schedule = schedule_tokens(&c.segments);
-        assigns.push(quote!(__ckpt_plans: ::ckpt::__private::ModelPlans::new(#schedule)));
+        let policy = c.policy.map(|p| {
+            let p = p.tokens();
+            quote!(.with_policy(#p))
+        });
+        assigns.push(quote!(__ckpt_plans: ::ckpt::__private::ModelPlans::new(#schedule) #policy));
     }
     let doc = new_doc(model);
     quote! {
@@ -805,12 +809,11 @@ fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
         mixed("__ckpt_x"),
         mixed("__ckpt_c"),
     );
-    let preserve = checkpoint
-        .preserve_rng_state
-        .map(|b| quote!(.preserve_rng_state(#b)));
-    let determinism = checkpoint
-        .determinism_check
-        .map(|b| quote!(.determinism_check(#b)));
+    let new_options = crate::args::options_tokens(
+        checkpoint.preserve_rng_state,
+        checkpoint.determinism_check,
+        Some(quote!(self.__ckpt_plans.policy())),
+    );
     let method = if needs_train(model) {
         "forward_t"
     } else {
@@ -852,7 +855,7 @@ fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
     });
     quote! {
         let #ctx = self.__ckpt_context(#xs, #train);
-        let #options = ::ckpt::__private::CheckpointOptions::new() #preserve #determinism;
+        let #options = #new_options;
         let #ranges: ::std::vec::Vec<::core::ops::Range<usize>> = #ranges_expr;
         let (#last, #ckpt) = #ranges
             .split_last()
@@ -1054,10 +1057,11 @@ fn schedule_methods(model: &Model, rt: &Generics) -> TokenStream {
         )
     };
     let c = model.checkpoint.as_ref().expect("checked");
-    let preserve = c
-        .preserve_rng_state
-        .map(|b| quote!(.preserve_rng_state(#b)));
-    let determinism = c.determinism_check.map(|b| quote!(.determinism_check(#b)));
+    let new_options = crate::args::options_tokens(
+        c.preserve_rng_state,
+        c.determinism_check,
+        Some(quote!(self.__ckpt_plans.policy())),
+    );
     let (xs, len, ctx, options, i, p_x) = (
         mixed("xs"),
         mixed("__ckpt_len"),
@@ -1107,6 +1111,20 @@ fn schedule_methods(model: &Model, rt: &Generics) -> TokenStream {
             /// `CkptError::InvalidArgument` for `segments = 0`.
             #vis fn set_segments(&mut self, segments: usize) -> #result<(), #err> {
                 self.set_schedule(#schedule::Segments(segments))
+            }
+
+            /// What each checkpointed segment keeps from its forward: the one
+            /// `#[checkpointed(policy = ..)]` declares (default `Policy::RECOMPUTE_ALL`),
+            /// or the last `set_policy`.
+            #vis fn policy(&self) -> ::ckpt::Policy {
+                self.__ckpt_plans.policy()
+            }
+
+            /// Sets what each checkpointed segment keeps from its forward, from the next
+            /// forward call on (selective checkpointing: `ckpt::Policy::selective()` keeps
+            /// linear outputs and dropout masks; gradients are unchanged).
+            #vis fn set_policy(&mut self, policy: ::ckpt::Policy) {
+                self.__ckpt_plans.set_policy(policy);
             }
 
             /// `set_schedule(Schedule::Cuts(plan.cuts()))`: the cuts of a plan (of
@@ -1160,7 +1178,7 @@ fn schedule_methods(model: &Model, rt: &Generics) -> TokenStream {
             #vis fn plan_for(&self, #xs: &#t #train_param) -> #result<#plan, #err> {
                 let #len = self.__ckpt_len();
                 let #ctx = self.__ckpt_context(#xs, #train_arg);
-                let #options = ::ckpt::__private::CheckpointOptions::new() #preserve #determinism;
+                let #options = #new_options;
                 self.__ckpt_plans.plan(#len, #xs, #key_train, || {
                     ::ckpt::__private::profile_stages(&#options, #len, #xs, |#i: usize, #p_x: &#t| {
                         self.__ckpt_stage(#i, #t::shallow_clone(#p_x), #train_arg, &#ctx)
@@ -1228,6 +1246,8 @@ pub(crate) fn stubs(model: &Model) -> TokenStream {
                 #vis fn schedule(&self) -> #schedule { ::core::unimplemented!() }
                 #vis fn set_schedule(&mut self, _: #schedule) -> #result<(), #err> { ::core::unimplemented!() }
                 #vis fn set_segments(&mut self, _: usize) -> #result<(), #err> { ::core::unimplemented!() }
+                #vis fn policy(&self) -> ::ckpt::Policy { ::core::unimplemented!() }
+                #vis fn set_policy(&mut self, _: ::ckpt::Policy) { ::core::unimplemented!() }
                 #vis fn set_plan(&mut self, _: &#plan) -> #result<(), #err> { ::core::unimplemented!() }
                 #vis fn set_auto(&mut self) -> #result<(), #err> { ::core::unimplemented!() }
                 #vis fn set_budget(&mut self, _: ::ckpt::plan::Budget) -> #result<(), #err> { ::core::unimplemented!() }

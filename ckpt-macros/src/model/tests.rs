@@ -240,6 +240,15 @@ fn checkpoint_argument_errors() {
         e[0].contains("`determinism_check` takes `true` or `false`"),
         "{e:?}"
     );
+    assert!(one(quote!(#[checkpointed(segments = 2, policy = selective)])).is_empty());
+    assert!(one(quote!(#[checkpointed(segments = 2, policy = full)])).is_empty());
+    let e = one(quote!(#[checkpointed(segments = 2, policy = fast)]));
+    assert!(
+        e[0].contains("`policy` takes `full` (recompute everything, the default) or `selective`"),
+        "{e:?}"
+    );
+    let e = one(quote!(#[checkpointed(segments = 2, policy = full, policy = selective)]));
+    assert_eq!(e, ["duplicate argument `policy`"]);
     let e = one(quote!(#[checkpointed(segments = 2)] #[ckpt::checkpointed(segments = 3)]));
     assert_eq!(e, ["duplicate `#[checkpointed]` attribute"]);
     // `segments = 1` is valid: one plain segment, as `checkpoint_sequential`.

@@ -11,7 +11,7 @@ use tch::Tensor;
 
 use super::profile::InputKey;
 use super::{Budget, ChainCost, Objective, Plan};
-use crate::CkptError;
+use crate::{CkptError, Policy};
 
 /// How the stages of a checkpointed `model!` chain are cut into segments: what
 /// `#[checkpointed(..)]` declares, and what the generated `set_schedule` (and its
@@ -139,6 +139,7 @@ fn ranges_of(cuts: &[usize], len: usize) -> Vec<Range<usize>> {
 #[derive(Debug, Clone)]
 pub struct ModelPlans {
     schedule: Schedule,
+    policy: Policy,
     profiles: Arc<Mutex<HashMap<InputKey, ChainCost>>>,
     plans: Arc<Mutex<HashMap<InputKey, Plan>>>,
 }
@@ -148,9 +149,27 @@ impl ModelPlans {
     pub fn new(schedule: Schedule) -> Self {
         ModelPlans {
             schedule,
+            policy: Policy::RECOMPUTE_ALL,
             profiles: Arc::default(),
             plans: Arc::default(),
         }
+    }
+
+    /// The state with a declared selective-checkpointing policy.
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// What each checkpointed segment keeps from its forward.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// Sets what each checkpointed segment keeps from its forward (plans and profiles
+    /// stay: the policy changes what a segment keeps, not where the cuts are).
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
     }
 
     /// The current schedule.

@@ -1,0 +1,297 @@
+// Selective checkpointing: a segment's forward run keeps the outputs of `aten::linear`
+// (expensive to recompute, cheap to keep: Korthikanti et al., "Reducing Activation
+// Recomputation in Large Transformer Models", 2022) and its dropout masks (one byte an
+// element instead of a redraw), and the recompute in backward uses them instead of
+// computing them again. PyTorch offers the same idea as selective activation
+// checkpointing (`torch.utils.checkpoint.create_selective_checkpoint_contexts` with a
+// policy returning `CheckpointPolicy.MUST_SAVE` for matmuls).
+//
+// How: `aten::linear` and `aten::dropout` are CompositeImplicitAutograd operators; this
+// file registers kernels for them under the Autograd dispatch keys, which take
+// precedence over the composite. Outside a policy scope the kernels call the composite
+// (`at::native::linear` / `at::native::dropout`), so every other call is unchanged.
+// Inside a scope:
+// - record (the segment's forward, grad mode off): linear runs the composite's fused
+//   path itself (`addmm(bias, input2d, weight.t())`, with the same flattening of a
+//   contiguous N-d input) and keeps the 2-d result; dropout on CPU draws its noise as
+//   the composite does (`empty_like`, `bernoulli_(1 - p)`), keeps it as a bool mask with
+//   the generator's state after the draw, and returns `input * noise / (1 - p)`;
+// - replay (the recompute, grad mode on): linear builds the very graph the composite
+//   would (view of the input, `t()` of the weight, PyTorch's own `AddmmBackward0` node
+//   with the tensors it saves, view of the result) around the kept result; dropout
+//   rebuilds the noise from the mask (0/1 floats divided by 1 - p are bit-equal to the
+//   drawn ones), puts the generator where the draw left it, and multiplies.
+// Gradients are therefore bit-equal to the full recompute's, and to the plain model's.
+//
+// Rules: the recompute must call linear and dropout in the order and with the shapes
+// of the forward (it computes the same thing; a mismatch is an error that says so); a
+// kept output that was changed in place after forward (its version moved) is
+// recomputed instead. Linear without a bias, or on inputs the composite does not send
+// down its fused path, is recomputed as usual.
+
+#include "policy.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/Generator.h>
+#include <ATen/ops/dropout_native.h>
+#include <ATen/ops/linear_native.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/generated/Functions.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ckpt_policy {
+
+struct LinearEntry {
+  at::Tensor out2d;                // addmm's result, [rows, out_features]
+  std::vector<int64_t> in_sizes;   // the input's sizes, checked on replay
+  const void* weight_data;         // the weight's storage, checked on replay
+  uint32_t version;                // out2d's version when recorded
+};
+
+struct DropoutEntry {
+  at::Tensor mask;           // bool, the input's shape: true where kept
+  at::Tensor state_after;    // CPU generator state after the draw
+  std::vector<int64_t> sizes;
+  double p;
+};
+
+struct Cache {
+  uint32_t flags = 0;
+  std::vector<LinearEntry> linears;
+  std::vector<DropoutEntry> dropouts;
+  size_t next_linear = 0;
+  size_t next_dropout = 0;
+};
+
+namespace {
+
+enum Mode : int { kOff = 0, kRecord = 1, kReplay = 2 };
+
+thread_local int t_mode = kOff;
+thread_local Cache* t_cache = nullptr;
+// The policy of the next segment created on this thread (set by ckpt_policy_exchange).
+thread_local uint32_t t_next_flags = 0;
+
+std::string sizes_str(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(s[i]);
+  }
+  return out + "]";
+}
+
+[[noreturn]] void diverged(const std::string& what) {
+  throw std::runtime_error(
+      "selective checkpointing: the recompute " + what +
+      "; a segment must compute the same thing in forward and in recompute (side "
+      "effects? data-dependent control flow?)");
+}
+
+at::Tensor cpu_generator_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_cpu_generator_state(const at::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+// ---------------------------------------------------------------------------------
+// linear
+
+// The composite's fused path (at::native::linear): a bias, and a 2-d input, or a
+// contiguous strided input of 3 dimensions or with a 1-d bias, flattened to 2-d.
+bool fused_path(const at::Tensor& input, const at::Tensor& weight,
+                const c10::optional<at::Tensor>& bias) {
+  if (!bias.has_value() || !bias->defined()) return false;
+  if (input.is_mkldnn() || input.layout() != c10::kStrided || weight.layout() != c10::kStrided ||
+      bias->layout() != c10::kStrided || weight.dim() != 2 || input.dim() < 2)
+    return false;
+  if (input.dim() == 2) return true;
+  return input.is_contiguous() && (input.dim() == 3 || bias->dim() == 1);
+}
+
+// The 2-d view of a fused-path input, as the composite flattens it.
+at::Tensor as_2d(const at::Tensor& input) {
+  if (input.dim() == 2) return input;
+  const auto sizes = input.sizes();
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < sizes.size(); ++i) rows *= sizes[i];
+  return input.reshape({rows, sizes.back()});
+}
+
+at::Tensor from_2d(const at::Tensor& out2d, const at::Tensor& input) {
+  if (input.dim() == 2) return out2d;
+  std::vector<int64_t> sizes(input.sizes().begin(), input.sizes().end() - 1);
+  sizes.push_back(out2d.size(1));
+  return out2d.view(sizes);
+}
+
+at::Tensor linear_record(Cache& c, const at::Tensor& input, const at::Tensor& weight,
+                         const at::Tensor& bias) {
+  at::Tensor out2d = at::addmm(bias, as_2d(input), weight.t());
+  c.linears.push_back({out2d, input.sizes().vec(), weight.storage().data(),
+                       static_cast<uint32_t>(out2d._version())});
+  return from_2d(out2d, input);
+}
+
+at::Tensor linear_replay(Cache& c, const at::Tensor& input, const at::Tensor& weight,
+                         const at::Tensor& bias) {
+  if (c.next_linear >= c.linears.size()) {
+    diverged("called linear more often than forward did (" +
+             std::to_string(c.linears.size()) + " times)");
+  }
+  const LinearEntry& e = c.linears[c.next_linear++];
+  if (e.in_sizes != input.sizes().vec()) {
+    diverged("called linear on an input of sizes " + sizes_str(input.sizes()) +
+             " where forward's input had sizes " + sizes_str(e.in_sizes));
+  }
+  if (e.weight_data != weight.storage().data() ||
+      static_cast<uint32_t>(e.out2d._version()) != e.version) {
+    // Another weight, or the kept output was changed in place after forward: compute.
+    return at::native::linear(input, weight, bias);
+  }
+  at::Tensor in2d = as_2d(input);
+  at::Tensor wt = weight.t();
+  // A new tensor on the kept storage, which the node below becomes the grad_fn of.
+  at::Tensor result = e.out2d.detach();
+  if (c10::GradMode::is_enabled() &&
+      (bias.requires_grad() || in2d.requires_grad() || wt.requires_grad())) {
+    // What the generated autograd kernel of aten::addmm does for
+    // addmm(bias, in2d, wt, beta = 1, alpha = 1).
+    using torch::autograd::SavedVariable;
+    auto node = c10::make_intrusive<torch::autograd::generated::AddmmBackward0>();
+    node->set_next_edges(torch::autograd::collect_next_edges(bias, in2d, wt));
+    node->alpha = 1;
+    node->beta = 1;
+    if (node->should_compute_output(2)) node->mat1_ = SavedVariable(in2d, false);
+    node->mat1_layout = in2d.layout();
+    node->mat1_sym_sizes = in2d.sym_sizes().vec();
+    node->mat1_sym_strides = in2d.sym_strides().vec();
+    if (node->should_compute_output(1)) node->mat2_ = SavedVariable(wt, false);
+    node->mat2_layout = wt.layout();
+    node->mat2_sym_sizes = wt.sym_sizes().vec();
+    node->mat2_sym_strides = wt.sym_strides().vec();
+    torch::autograd::set_history(result, node);
+  }
+  return from_2d(result, input);
+}
+
+at::Tensor linear_kernel(const at::Tensor& input, const at::Tensor& weight,
+                         const c10::optional<at::Tensor>& bias) {
+  Cache* c = t_cache;
+  if (t_mode == kOff || c == nullptr || (c->flags & kSaveLinear) == 0 ||
+      !fused_path(input, weight, bias)) {
+    return at::native::linear(input, weight, bias);
+  }
+  if (t_mode == kRecord) return linear_record(*c, input, weight, *bias);
+  return linear_replay(*c, input, weight, *bias);
+}
+
+// ---------------------------------------------------------------------------------
+// dropout (CPU: the composite draws its noise with bernoulli_; on CUDA it calls the
+// fused native_dropout, which this file leaves alone)
+
+at::Tensor dropout_kernel(const at::Tensor& input, double p, bool train) {
+  Cache* c = t_cache;
+  if (t_mode == kOff || c == nullptr || (c->flags & kSaveDropoutMasks) == 0 || !train ||
+      !(p > 0 && p < 1) || input.numel() == 0 || !input.device().is_cpu() ||
+      !at::isFloatingType(input.scalar_type())) {
+    return at::native::dropout(input, p, train);
+  }
+  if (t_mode == kRecord) {
+    at::Tensor noise = at::empty_like(input);
+    noise.bernoulli_(1 - p);
+    c->dropouts.push_back({noise.to(at::kBool), cpu_generator_state(), input.sizes().vec(), p});
+    noise.div_(1 - p);
+    return input * noise;
+  }
+  if (c->next_dropout >= c->dropouts.size()) {
+    diverged("called dropout more often than forward did (" +
+             std::to_string(c->dropouts.size()) + " times)");
+  }
+  const DropoutEntry& e = c->dropouts[c->next_dropout++];
+  if (e.sizes != input.sizes().vec() || e.p != p) {
+    diverged("called dropout(p = " + std::to_string(p) + ") on sizes " +
+             sizes_str(input.sizes()) + " where forward called dropout(p = " +
+             std::to_string(e.p) + ") on sizes " + sizes_str(e.sizes));
+  }
+  at::Tensor noise = e.mask.to(input.scalar_type());
+  noise.div_(1 - p);
+  set_cpu_generator_state(e.state_after);
+  return input * noise;
+}
+
+}  // namespace
+
+std::shared_ptr<Cache> cache_for_new_segment() {
+  if (t_next_flags == 0) return nullptr;
+  auto c = std::make_shared<Cache>();
+  c->flags = t_next_flags;
+  return c;
+}
+
+void release(Cache* cache) {
+  if (cache == nullptr) return;
+  cache->linears.clear();
+  cache->dropouts.clear();
+}
+
+int64_t bytes(const Cache* cache) {
+  if (cache == nullptr) return 0;
+  int64_t n = 0;
+  for (const auto& e : cache->linears) n += static_cast<int64_t>(e.out2d.nbytes());
+  for (const auto& e : cache->dropouts) {
+    n += static_cast<int64_t>(e.mask.nbytes() + e.state_after.nbytes());
+  }
+  return n;
+}
+
+Scope::Scope(Cache* cache, bool replay) : prev_mode_(t_mode), prev_cache_(t_cache) {
+  t_cache = cache;
+  t_mode = cache == nullptr ? kOff : (replay ? kReplay : kRecord);
+  if (cache != nullptr && replay) {
+    cache->next_linear = 0;
+    cache->next_dropout = 0;
+  }
+}
+
+Scope::~Scope() {
+  t_mode = prev_mode_;
+  t_cache = prev_cache_;
+}
+
+}  // namespace ckpt_policy
+
+TORCH_LIBRARY_IMPL(aten, AutogradCPU, m) {
+  m.impl("linear", TORCH_FN(ckpt_policy::linear_kernel));
+  m.impl("dropout", TORCH_FN(ckpt_policy::dropout_kernel));
+}
+
+TORCH_LIBRARY_IMPL(aten, AutogradCUDA, m) {
+  m.impl("linear", TORCH_FN(ckpt_policy::linear_kernel));
+}
+
+extern "C" {
+
+// Sets the policy bits of the segments this thread creates next; returns the previous
+// bits (src/ffi.rs restores them when the segment is made).
+uint32_t ckpt_policy_exchange(uint32_t flags) {
+  uint32_t prev = ckpt_policy::t_next_flags;
+  ckpt_policy::t_next_flags = flags;
+  return prev;
+}
+
+}  // extern "C"

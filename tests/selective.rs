@@ -1,0 +1,369 @@
+//! Selective checkpointing (`CheckpointOptions::policy`): a segment keeps its linear
+//! outputs and dropout masks from forward, and the recompute uses them. Gradients,
+//! outputs and the generator's state afterwards are bit-equal to the plain model and to
+//! the full recompute; the bytes kept are exactly the linear outputs and the masks.
+//! The global generator is shared by the tests of this binary: each takes a lock.
+
+mod common;
+
+use std::sync::{Mutex, MutexGuard};
+
+use ckpt::{CheckpointOptions, Policy, ShallowClone};
+use common::{assert_all_equal, grads_and_output};
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+static RNG: Mutex<()> = Mutex::new(());
+
+fn rng() -> MutexGuard<'static, ()> {
+    RNG.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const D: i64 = 32;
+const HEADS: i64 = 4;
+
+/// A pre-LN transformer block with dropout, written as tch code writes one.
+#[derive(Debug, ShallowClone)]
+struct Block {
+    ln1: nn::LayerNorm,
+    qkv: nn::Linear,
+    proj: nn::Linear,
+    ln2: nn::LayerNorm,
+    ff1: nn::Linear,
+    ff2: nn::Linear,
+}
+
+impl Block {
+    fn new(p: nn::Path) -> Block {
+        Block {
+            ln1: nn::layer_norm(&p / "ln1", vec![D], Default::default()),
+            qkv: nn::linear(&p / "qkv", D, 3 * D, Default::default()),
+            proj: nn::linear(&p / "proj", D, D, Default::default()),
+            ln2: nn::layer_norm(&p / "ln2", vec![D], Default::default()),
+            ff1: nn::linear(&p / "ff1", D, 4 * D, Default::default()),
+            ff2: nn::linear(&p / "ff2", 4 * D, D, Default::default()),
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let (b, t, _) = x.size3().unwrap();
+        let qkv = self.qkv.forward(&self.ln1.forward(x));
+        let heads = |z: Tensor| z.view([b, t, HEADS, D / HEADS]).transpose(1, 2);
+        let q = heads(qkv.narrow(2, 0, D));
+        let k = heads(qkv.narrow(2, D, D));
+        let v = heads(qkv.narrow(2, 2 * D, D));
+        let att = (q.matmul(&k.transpose(-2, -1)) / ((D / HEADS) as f64).sqrt())
+            .softmax(-1, Kind::Float)
+            .dropout(0.1, true);
+        let y = att.matmul(&v).transpose(1, 2).contiguous().view([b, t, D]);
+        let x = x + self.proj.forward(&y).dropout(0.1, true);
+        let h = self.ff1.forward(&self.ln2.forward(&x)).gelu("none");
+        &x + self.ff2.forward(&h).dropout(0.1, true)
+    }
+}
+
+fn stack(vs: &nn::VarStore, n: usize) -> Vec<Block> {
+    (0..n).map(|i| Block::new(vs.root() / i)).collect()
+}
+
+fn run_plain(blocks: &[Block], x: &Tensor) -> Tensor {
+    blocks.iter().fold(x.shallow_clone(), |x, b| b.forward(&x))
+}
+
+/// Every block its own checkpointed segment with `policy`.
+fn run_checkpointed(blocks: &[Block], x: &Tensor, policy: Policy) -> Tensor {
+    let opts = CheckpointOptions::new().policy(policy);
+    blocks.iter().fold(x.shallow_clone(), |x, b| {
+        let b = b.shallow_clone();
+        ckpt::checkpoint_with(&opts, move |x: Tensor| b.forward(&x), x)
+    })
+}
+
+/// Output, gradients (parameters, then the input) and the next random draw.
+fn step(vs: &nn::VarStore, x: &Tensor, f: &dyn Fn(&Tensor) -> Tensor) -> Vec<Tensor> {
+    tch::manual_seed(7);
+    let mut out = grads_and_output(vs, x, f);
+    out.push(Tensor::rand([8], (Kind::Float, Device::Cpu)));
+    out
+}
+
+#[test]
+fn selective_policy_gives_the_plain_gradients_bit_for_bit() {
+    let _rng = rng();
+    tch::manual_seed(1);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let blocks = stack(&vs, 3);
+    let x = Tensor::randn([2, 16, D], (Kind::Float, Device::Cpu));
+
+    let plain = step(&vs, &x, &|x| run_plain(&blocks, x));
+    let full = step(&vs, &x, &|x| {
+        run_checkpointed(&blocks, x, Policy::RECOMPUTE_ALL)
+    });
+    assert_all_equal("full recompute vs plain", &full, &plain);
+    for policy in [
+        Policy::selective(),
+        Policy::RECOMPUTE_ALL.save_linear(true),
+        Policy::RECOMPUTE_ALL.save_dropout_masks(true),
+    ] {
+        let sel = step(&vs, &x, &|x| run_checkpointed(&blocks, x, policy));
+        assert_all_equal(&format!("{policy:?} vs plain"), &sel, &plain);
+    }
+    assert_eq!(ckpt::live_segments(), 0);
+}
+
+/// Bytes alive between forward and backward: the stash alone for the full recompute;
+/// with the selective policy also every linear output (float32) and every dropout mask
+/// (one byte an element) with the generator state after its draw.
+#[test]
+fn selective_policy_keeps_exactly_the_linear_outputs_and_the_masks() {
+    let _rng = rng();
+    tch::manual_seed(2);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let blocks = stack(&vs, 2);
+    let (b, t) = (2i64, 16i64);
+    let x = Tensor::randn([b, t, D], (Kind::Float, Device::Cpu));
+    let alive = |policy: Policy| -> i64 {
+        let before = ckpt::memory::current_bytes(Device::Cpu);
+        let y = run_checkpointed(&blocks, &x, policy);
+        let after = ckpt::memory::current_bytes(Device::Cpu);
+        drop(y);
+        after - before
+    };
+    let full = alive(Policy::RECOMPUTE_ALL);
+    let linear = alive(Policy::RECOMPUTE_ALL.save_linear(true));
+    let masks = alive(Policy::RECOMPUTE_ALL.save_dropout_masks(true));
+    let rows = b * t;
+    let f32_bytes = 4;
+    // Per block: qkv [rows, 3D], proj [rows, D], ff1 [rows, 4D], ff2 [rows, D].
+    let linear_per_block = rows * (3 * D + D + 4 * D + D) * f32_bytes;
+    assert_eq!(linear - full, 2 * linear_per_block, "linear outputs kept");
+    // Per block: the attention mask [b, heads, t, t] and two [b, t, D] masks.
+    let mask_elems = b * HEADS * t * t + 2 * b * t * D;
+    let per_block_state = (masks - full - 2 * mask_elems) / 6;
+    assert_eq!(
+        masks - full,
+        2 * mask_elems + 6 * per_block_state,
+        "masks kept, plus one generator state per dropout"
+    );
+    assert!(
+        (1..=8192).contains(&per_block_state),
+        "a generator state is a few KiB: {per_block_state} B"
+    );
+    println!(
+        "kept between forward and backward, 2 blocks: stash {full} B; linear outputs +{} B; \
+         dropout masks +{} B ({per_block_state} B of generator state a dropout)",
+        linear - full,
+        masks - full
+    );
+}
+
+/// A kept linear output changed in place after the layer (here by the segment itself,
+/// `relu_`) is recomputed, not replayed: gradients stay the plain ones.
+#[test]
+fn a_kept_output_changed_in_place_is_recomputed() {
+    let _rng = rng();
+    tch::manual_seed(3);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let a = nn::linear(vs.root() / "a", 8, 8, Default::default());
+    let b = nn::linear(vs.root() / "b", 8, 8, Default::default());
+    let f = |a: &nn::Linear, b: &nn::Linear, x: &Tensor| {
+        let mut h = a.forward(x);
+        let _ = h.relu_();
+        b.forward(&h)
+    };
+    let x = Tensor::randn([4, 8], (Kind::Float, Device::Cpu));
+    let plain = step(&vs, &x, &|x| f(&a, &b, x));
+    let opts = CheckpointOptions::new().policy(Policy::selective());
+    let sel = step(&vs, &x, &|x| {
+        let (a, b) = (a.shallow_clone(), b.shallow_clone());
+        ckpt::checkpoint_with(&opts, move |x: Tensor| f(&a, &b, &x), x.shallow_clone())
+    });
+    assert_all_equal("in-place on a kept output", &sel, &plain);
+}
+
+/// A recompute that calls linear on other shapes than forward did is an error, not
+/// wrong gradients.
+#[test]
+fn a_recompute_that_diverges_is_an_error() {
+    let _rng = rng();
+    let vs = nn::VarStore::new(Device::Cpu);
+    let a = nn::linear(vs.root() / "a", 8, 8, Default::default());
+    let opts = CheckpointOptions::new()
+        .policy(Policy::selective())
+        .name("diverging")
+        .determinism_check(false);
+    let x = Tensor::randn([4, 8], (Kind::Float, Device::Cpu));
+    let y: Tensor = ckpt::checkpoint_with(
+        &opts,
+        move |x: Tensor| {
+            // Data-dependent behaviour the macro would refuse: fewer rows in the recompute.
+            let rows = if ckpt::is_recomputing() { 2 } else { 4 };
+            a.forward(&x.narrow(0, 0, rows)).sum(Kind::Float)
+        },
+        x,
+    );
+    let err = y.f_backward().expect_err("the recompute diverged");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("selective checkpointing") && msg.contains("[2, 8]") && msg.contains("[4, 8]"),
+        "{msg}"
+    );
+}
+
+/// Linear layers without a bias, and a 4-d input, go the composite's other paths: they
+/// are recomputed, and the gradients are still the plain ones.
+#[test]
+fn linear_paths_that_are_not_kept_still_match() {
+    let _rng = rng();
+    tch::manual_seed(4);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let nobias = nn::LinearConfig {
+        bias: false,
+        ..Default::default()
+    };
+    let a = nn::linear(vs.root() / "a", 8, 8, nobias);
+    let b = nn::linear(vs.root() / "b", 8, 8, Default::default());
+    let f = |a: &nn::Linear, b: &nn::Linear, x: &Tensor| {
+        let h = a.forward(x).gelu("none");
+        b.forward(&h.transpose(1, 2)).dropout(0.2, true)
+    };
+    let x = Tensor::randn([2, 3, 8, 8], (Kind::Float, Device::Cpu));
+    let plain = step(&vs, &x, &|x| f(&a, &b, x));
+    let opts = CheckpointOptions::new().policy(Policy::selective());
+    let sel = step(&vs, &x, &|x| {
+        let (a, b) = (a.shallow_clone(), b.shallow_clone());
+        ckpt::checkpoint_with(&opts, move |x: Tensor| f(&a, &b, &x), x.shallow_clone())
+    });
+    assert_all_equal("bias-less and strided linear", &sel, &plain);
+}
+
+/// The recompute really uses what forward kept: under the selective policy a linear
+/// layer's output in the recompute is the very storage forward produced; under the full
+/// recompute it is a new one.
+#[test]
+fn the_recompute_replays_the_kept_linear_output() {
+    use std::sync::{Arc, Mutex as StdMutex};
+    let _rng = rng();
+    tch::manual_seed(5);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let a = nn::linear(vs.root() / "a", 8, 8, Default::default());
+    // The log holds each output, so the forward's stays alive and the allocator cannot
+    // hand its address to the full recompute.
+    let pointers = |policy: Policy| -> Vec<(bool, usize)> {
+        let seen = Arc::new(StdMutex::new(Vec::new()));
+        let (a, log) = (a.shallow_clone(), Arc::clone(&seen));
+        let opts = CheckpointOptions::new().policy(policy);
+        let x = Tensor::randn([4, 8], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let y: Tensor = ckpt::checkpoint_with(
+            &opts,
+            move |x: Tensor| {
+                let h = a.forward(&x);
+                log.lock()
+                    .unwrap()
+                    .push((ckpt::is_recomputing(), h.shallow_clone()));
+                h.tanh()
+            },
+            x,
+        );
+        y.sum(Kind::Float).backward();
+        let seen = seen.lock().unwrap();
+        seen.iter()
+            .map(|(r, h)| (*r, h.data_ptr() as usize))
+            .collect()
+    };
+    let sel = pointers(Policy::selective());
+    assert_eq!(sel.len(), 2, "forward and recompute: {sel:?}");
+    assert!(!sel[0].0 && sel[1].0);
+    assert_eq!(sel[0].1, sel[1].1, "the recompute replays the kept output");
+    let full = pointers(Policy::RECOMPUTE_ALL);
+    assert_eq!(full.len(), 2);
+    assert_ne!(
+        full[0].1, full[1].1,
+        "the full recompute computes a new output"
+    );
+}
+
+#[ckpt::checkpointed(segments = 3, policy = selective)]
+fn stack_selective(blocks: &[Block], x: &Tensor) -> Tensor {
+    let mut x = x.shallow_clone();
+    for b in blocks.iter() {
+        x = b.forward(&x);
+    }
+    x
+}
+
+#[ckpt::checkpointed(segments = 3)]
+fn stack_full(blocks: &[Block], x: &Tensor) -> Tensor {
+    let mut x = x.shallow_clone();
+    for b in blocks.iter() {
+        x = b.forward(&x);
+    }
+    x
+}
+
+/// Bytes alive after `f` ran forward on `x` (its output and what its graph keeps).
+fn kept_by(x: &Tensor, f: impl FnOnce(&Tensor) -> Tensor) -> i64 {
+    let x = x.detach().set_requires_grad(true);
+    let before = ckpt::memory::current_bytes(Device::Cpu);
+    let y = f(&x);
+    let after = ckpt::memory::current_bytes(Device::Cpu);
+    drop(y);
+    after - before
+}
+
+/// `#[checkpointed(policy = selective)]`: plain gradients, and more kept than the full
+/// recompute of the same cuts (the linear outputs and masks of the checkpointed blocks).
+#[test]
+fn checkpointed_functions_take_the_policy() {
+    let _rng = rng();
+    tch::manual_seed(6);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let blocks = stack(&vs, 4);
+    let x = Tensor::randn([2, 16, D], (Kind::Float, Device::Cpu));
+    let plain = step(&vs, &x, &|x| run_plain(&blocks, x));
+    let sel = step(&vs, &x, &|x| stack_selective(&blocks, x));
+    assert_all_equal("policy = selective vs plain", &sel, &plain);
+    let full = step(&vs, &x, &|x| stack_full(&blocks, x));
+    assert_all_equal("policy = full vs plain", &full, &plain);
+    let (kept_sel, kept_full) = (
+        kept_by(&x, |x| stack_selective(&blocks, x)),
+        kept_by(&x, |x| stack_full(&blocks, x)),
+    );
+    let kept_plain = kept_by(&x, |x| run_plain(&blocks, x));
+    assert!(
+        kept_full < kept_sel && kept_sel < kept_plain,
+        "full {kept_full} B < selective {kept_sel} B < plain {kept_plain} B"
+    );
+}
+
+ckpt::model! {
+    #[checkpointed(segments = 3, policy = selective)]
+    struct Stack(p) {
+        blocks: [Block; 4] = Block::new(p) => |b, xs| b.forward(xs),
+    }
+}
+
+/// `model!` with `policy = selective`, and `set_policy` at run time: one model run plain
+/// (`set_segments(1)`), selective and with full recompute gives the same gradients.
+#[test]
+fn model_takes_the_policy_and_changes_it_at_run_time() {
+    let _rng = rng();
+    tch::manual_seed(8);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let mut model = Stack::new(vs.root());
+    assert_eq!(model.policy(), Policy::selective());
+    let x = Tensor::randn([2, 16, D], (Kind::Float, Device::Cpu));
+    let sel = step(&vs, &x, &|x| model.forward(x));
+    let kept_sel = kept_by(&x, |x| model.forward(x));
+    model.set_policy(Policy::RECOMPUTE_ALL);
+    let full = step(&vs, &x, &|x| model.forward(x));
+    let kept_full = kept_by(&x, |x| model.forward(x));
+    model.set_segments(1).unwrap();
+    let plain = step(&vs, &x, &|x| model.forward(x));
+    assert_all_equal("model!, selective vs plain", &sel, &plain);
+    assert_all_equal("model!, full vs plain", &full, &plain);
+    assert!(
+        kept_full < kept_sel,
+        "full {kept_full} B < selective {kept_sel} B"
+    );
+}
