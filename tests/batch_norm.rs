@@ -202,6 +202,9 @@ fn resnet18_with_checkpointed_layer_groups_trains_as_the_plain_model() {
     let mut vs_ckpt = nn::VarStore::new(Device::Cpu);
     let ckpt = ResNet18::new(&vs_ckpt.root(), 10);
     copy_into(&mut vs_ckpt, &vs_plain);
+    let mut vs_start = nn::VarStore::new(Device::Cpu);
+    let _start = ResNet18::new(&vs_start.root(), 10);
+    copy_into(&mut vs_start, &vs_plain);
     let xs = inputs(&[2, 3, 32, 32], 3);
 
     let want = train(&vs_plain, &xs, &|x| plain.forward_t(x, true, false));
@@ -211,6 +214,29 @@ fn resnet18_with_checkpointed_layer_groups_trains_as_the_plain_model() {
     assert_eq!(
         buffers, 40,
         "20 batch norms, running_mean and running_var each"
+    );
+
+    // What the test guards against: a model whose batch norms run twice per step (an
+    // extra no-grad forward in training mode, as a recompute that updated them would be)
+    // ends with other statistics, which the comparison above would have caught.
+    let mut vs_twice = nn::VarStore::new(Device::Cpu);
+    let twice = ResNet18::new(&vs_twice.root(), 10);
+    copy_into(&mut vs_twice, &vs_start);
+    train(&vs_twice, &xs, &|x| {
+        tch::no_grad(|| drop(twice.forward_t(x, true, false)));
+        twice.forward_t(x, true, false)
+    });
+    let twice_vars = vs_twice.variables();
+    let differ: Vec<bool> = vs_plain
+        .variables()
+        .iter()
+        .filter(|(_, v)| !v.requires_grad())
+        .map(|(name, v)| !v.equal(&twice_vars[name]))
+        .collect();
+    assert_eq!(differ.len(), 40);
+    assert!(
+        differ.iter().all(|&d| d),
+        "every buffer differs after double updates"
     );
 
     // The statistics serve evaluation: the same outputs in eval mode.

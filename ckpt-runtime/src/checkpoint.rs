@@ -151,7 +151,9 @@ impl Policy {
 /// Whether the calling code runs inside the recompute of a checkpointed segment (in
 /// backward), as opposed to its first run in forward or an unchecked run.
 ///
-/// Use it to skip work that must happen once, such as logging or statistics updates.
+/// Use it to skip work that must happen once, such as logging or a hand-written running
+/// average. Batch norm's running statistics (`nn::BatchNorm`, `Tensor::batch_norm`,
+/// `Tensor::instance_norm`) need nothing: they are not updated in a recompute.
 pub fn is_recomputing() -> bool {
     ffi::is_recomputing()
 }
