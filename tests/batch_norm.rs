@@ -5,7 +5,8 @@
 //! parameters. Through every route: a ResNet-18 built as `tch::vision::resnet` builds it
 //! (closure-built blocks, `nn::func_t` in `nn::seq_t`) with its layer groups checkpointed
 //! through `ckpt::checkpoint` on a `ckpt::Shared` module; `#[checkpointed]`; `model!`;
-//! `checkpoint_sequential_t`; `segments = auto` in `model!` and in `#[checkpointed]`.
+//! `checkpoint_sequential_t`; `segments = auto` in `model!` and in `#[checkpointed]`;
+//! `SequentialPlanner` (whose first call profiles).
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -395,6 +396,27 @@ fn checkpoint_on_a_shared_module_updates_running_statistics_once() {
 fn segments_auto_profiling_does_not_touch_running_statistics() {
     let _serial = serial();
     check_blocks_route("#[checkpointed(segments = auto)]", &|m, x| m.auto(x, true));
+}
+
+/// `SequentialPlanner` profiles the chain on its first call, then runs the plan.
+#[test]
+fn sequential_planner_profiling_does_not_touch_running_statistics() {
+    let _serial = serial();
+    let planner = std::cell::RefCell::new(ckpt::plan::SequentialPlanner::new(
+        ckpt::plan::Objective::MinPeak,
+    ));
+    check_blocks_route("SequentialPlanner", &|m, x| {
+        planner.borrow_mut().forward_t(&m.blocks, x, true)
+    });
+    assert!(
+        planner
+            .borrow()
+            .plan_for(
+                &Tensor::zeros([3, C, 6, 6], (Kind::Float, Device::Cpu)),
+                Some(true)
+            )
+            .is_some()
+    );
 }
 
 #[test]
