@@ -1,11 +1,13 @@
 //! Compiles `csrc/ckpt.cpp` (the autograd node, the counting CPU allocator, RNG and
-//! autocast state) against the libtorch that `torch-sys` found, with the same flags.
+//! autocast state) and `csrc/dist.cpp` (the c10d binding of `ckpt::dist`) against the libtorch that `torch-sys` found, with the same flags.
 
 use std::env;
 use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc/ckpt.cpp");
+    println!("cargo:rerun-if-changed=csrc/dist.cpp");
+    println!("cargo:rerun-if-changed=third_party/gloo/include");
     // `torch-sys` declares `links = "tch"` and prints `cargo:libtorch_lib=...`, which
     // Cargo hands to its direct dependents as `DEP_TCH_LIBTORCH_LIB`.
     let lib = PathBuf::from(env::var("DEP_TCH_LIBTORCH_LIB").expect(
@@ -35,6 +37,24 @@ fn main() {
         .define("GLOG_USE_GLOG_EXPORT", None)
         .file("csrc/ckpt.cpp")
         .compile("ckpt_csrc");
+    // The c10d binding: ProcessGroupGloo.hpp needs Gloo's headers, which the libtorch
+    // wheel does not ship; third_party/gloo/ has those of the revision it was built with.
+    let mut dist = cc::Build::new();
+    dist.cpp(true).pic(true).std("c++17");
+    for dir in includes
+        .iter()
+        .chain([&PathBuf::from("third_party/gloo/include")])
+    {
+        dist.flag("-isystem")
+            .flag(dir.to_str().expect("libtorch path is UTF-8"));
+    }
+    dist.flag("-Wall")
+        .flag("-Wextra")
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .define("GLOG_USE_GLOG_EXPORT", None)
+        .define("USE_C10D_GLOO", None)
+        .file("csrc/dist.cpp")
+        .compile("ckpt_dist");
     // Dependents (the `ckpt` facade) read this as DEP_CKPT_RUNTIME_LIBTORCH_LIB to set an rpath
     // for their own binaries, tests and examples.
     println!("cargo:libtorch_lib={}", lib.display());
