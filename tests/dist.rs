@@ -12,12 +12,13 @@
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ckpt::dist::{
-    self, Backend, DdpOptions, DistributedDataParallel, InitOptions, ProcessGroup, ReduceOp,
+    self, Backend, DdpOptions, DistributedDataParallel, InitOptions, LocalLaunch, ProcessGroup,
+    ReduceOp,
 };
 use ckpt::{CkptError, ShallowClone};
 use tch::nn::{self, Module, OptimizerConfig};
@@ -42,69 +43,54 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Kills (by PID) and reaps every child still running.
-fn kill_all(children: &mut [Child]) {
-    for c in children.iter_mut() {
-        if let Ok(None) = c.try_wait() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Runs `scenario` in `world` worker processes; returns each rank's exit success and
-/// report (the contents of its `rank<r>.txt`, empty when it wrote none).
+/// Runs `scenario` in `world` worker processes started by `ckpt`'s local launcher;
+/// returns each rank's exit success and report (the contents of its `rank<r>.txt`, empty
+/// when it wrote none). Workers still running at `deadline` are killed by PID (by the
+/// launcher) and the test fails.
 fn run_workers(scenario: &str, world: usize, deadline: Duration) -> Vec<(bool, String)> {
     let _serial = serial();
     let out = tempfile::tempdir().expect("tempdir");
-    let port = free_port();
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut children: Vec<Child> = (0..world)
-        .map(|rank| {
-            Command::new(&exe)
-                .args([
-                    "--ignored",
-                    "--exact",
-                    "worker",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env("CKPT_DIST_SCENARIO", scenario)
-                .env("CKPT_DIST_OUT", out.path())
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", world.to_string())
-                .env("LOCAL_RANK", rank.to_string())
-                .env("LOCAL_WORLD_SIZE", world.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env("OMP_NUM_THREADS", "1")
-                .spawn()
-                .expect("spawn worker")
-        })
-        .collect();
-    let start = Instant::now();
-    let mut status = vec![None; world];
-    while status.iter().any(Option::is_none) {
-        for (i, c) in children.iter_mut().enumerate() {
-            if status[i].is_none()
-                && let Ok(Some(s)) = c.try_wait()
-            {
-                status[i] = Some(s.success());
-            }
-        }
-        if start.elapsed() > deadline {
-            kill_all(&mut children);
-            panic!(
-                "scenario {scenario} x{world}: workers still running after {deadline:?}; killed"
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (0..world)
-        .map(|r| {
-            let report = std::fs::read_to_string(out.path().join(format!("rank{r}.txt")))
-                .unwrap_or_default();
-            (status[r].unwrap_or(false), report)
+    let mut launch = LocalLaunch::new(
+        std::env::current_exe().expect("current_exe"),
+        [
+            "--ignored",
+            "--exact",
+            "worker",
+            "--nocapture",
+            "--test-threads=1",
+        ]
+        .map(Into::into)
+        .to_vec(),
+        world,
+    );
+    launch.envs = vec![
+        ("CKPT_DIST_SCENARIO".into(), scenario.into()),
+        ("CKPT_DIST_OUT".into(), out.path().display().to_string()),
+        ("OMP_NUM_THREADS".into(), "1".into()),
+    ];
+    launch.timeout = Some(deadline);
+    let result = dist::launch_local(&launch).expect("launch workers");
+    assert!(
+        !result.timed_out,
+        "scenario {scenario} x{world}: workers still running after {deadline:?}; killed"
+    );
+    reports(
+        out.path(),
+        &result
+            .status
+            .iter()
+            .map(|s| s.is_some_and(|s| s.success()))
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn reports(out: &Path, ok: &[bool]) -> Vec<(bool, String)> {
+    ok.iter()
+        .enumerate()
+        .map(|(r, ok)| {
+            let report =
+                std::fs::read_to_string(out.join(format!("rank{r}.txt"))).unwrap_or_default();
+            (*ok, report)
         })
         .collect()
 }
@@ -145,9 +131,11 @@ fn worker() {
     let rank: usize = std::env::var("RANK").unwrap().parse().unwrap();
     let report = match scenario.as_str() {
         "collectives" => collectives(),
-        "train_distinct" => train(Variant::Distinct, 2),
-        "train_shared" => train(Variant::Shared, 2),
-        "train_no_sync" => train(Variant::NoSync, 2),
+        "train_distinct" => train(Variant::Distinct),
+        "train_shared" => train(Variant::Shared),
+        "train_no_sync" => train(Variant::NoSync),
+        "train_macro" => train(Variant::Macro),
+        "dynamic_shared" => dynamic_shared(),
         "overlap" => overlap(),
         "shape_mismatch" => shape_mismatch(),
         "dead_rank" => dead_rank(),
@@ -216,7 +204,11 @@ fn collectives() -> String {
         pg.f_reduce_scatter(&inputs[..1], ReduceOp::Sum),
         Err(CkptError::InvalidArgument(_))
     ));
-    format!("checks={checks:?} all_ok={}", checks.iter().all(|c| *c))
+    format!(
+        "checks={checks:?} all_ok={} agent_store={}",
+        checks.iter().all(|c| *c),
+        pg.options().use_agent_store
+    )
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -227,6 +219,22 @@ enum Variant {
     Shared,
     /// Distinct layers; two micro-batches per step, the first under `no_sync`.
     NoSync,
+    /// Blocks whose forward is `#[checkpointed]` (one segment per block), the head
+    /// inline.
+    Macro,
+}
+
+/// A residual block checkpointed as a whole by the macro, with dropout inside.
+#[derive(Debug, ckpt::ShallowClone)]
+struct Block {
+    fc: nn::Linear,
+}
+
+impl Block {
+    #[ckpt::checkpointed]
+    fn forward(&self, x: &Tensor) -> Tensor {
+        self.fc.forward(x).gelu("none").dropout(0.1, true) + x
+    }
 }
 
 const D: i64 = 48;
@@ -239,18 +247,35 @@ struct Net {
     l: Vec<nn::Linear>,
     head: nn::Linear,
     shared: bool,
+    macro_blocks: bool,
 }
 
 impl Net {
-    fn new(vs: &nn::VarStore, shared: bool) -> Net {
+    fn new(vs: &nn::VarStore, variant: Variant) -> Net {
+        let (shared, macro_blocks) = (variant == Variant::Shared, variant == Variant::Macro);
         let l = (0..3)
             .map(|i| nn::linear(vs.root() / format!("l{i}"), D, D, Default::default()))
             .collect();
         let head = nn::linear(vs.root() / "head", D, 2, Default::default());
-        Net { l, head, shared }
+        Net {
+            l,
+            head,
+            shared,
+            macro_blocks,
+        }
     }
 
     fn forward(&self, xs: &Tensor) -> Tensor {
+        if self.macro_blocks {
+            let mut h = xs.shallow_clone();
+            for fc in &self.l {
+                h = Block {
+                    fc: fc.shallow_clone(),
+                }
+                .forward(&h);
+            }
+            return self.head.forward(&h);
+        }
         let (a, b, shared) = (
             self.l[0].shallow_clone(),
             self.l[1].shallow_clone(),
@@ -312,16 +337,15 @@ fn snapshot(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
 /// batches (same initial parameters, same dropout masks: each shard's forward is seeded
 /// alike) and reports the largest parameter difference. Every rank also checks that its
 /// parameters are bit-equal to rank 0's.
-fn train(variant: Variant, _unused: i64) -> String {
+fn train(variant: Variant) -> String {
     let pg = init_env(Duration::from_secs(60));
     let (rank, world) = (pg.rank() as i64, pg.world_size() as i64);
     let micro = if variant == Variant::NoSync { 2 } else { 1 };
-    let shared = variant == Variant::Shared;
 
     // Different initial parameters on each rank: DDP must broadcast rank 0's.
     tch::manual_seed(100 + rank);
     let vs = nn::VarStore::new(Device::Cpu);
-    let net = Net::new(&vs, shared);
+    let net = Net::new(&vs, variant);
     let opts = DdpOptions {
         bucket_cap_mb: 0.02,
         first_bucket_cap_mb: 0.01,
@@ -354,7 +378,7 @@ fn train(variant: Variant, _unused: i64) -> String {
     if rank == 0 {
         tch::manual_seed(100);
         let vs = nn::VarStore::new(Device::Cpu);
-        let net = Net::new(&vs, shared);
+        let net = Net::new(&vs, variant);
         let mut opt = nn::AdamW::default().build(&vs, 1e-2).unwrap();
         for step in 0..STEPS {
             let (x, y) = global_batch(step, world, micro);
@@ -387,7 +411,7 @@ fn overlap() -> String {
     let pg = init_env(Duration::from_secs(60));
     tch::manual_seed(1);
     let vs = nn::VarStore::new(Device::Cpu);
-    let net = Net::new(&vs, false);
+    let net = Net::new(&vs, Variant::Distinct);
     let opts = DdpOptions {
         // ~1000 floats: each 48 x 48 weight closes a bucket.
         bucket_cap_mb: 0.004,
@@ -420,6 +444,29 @@ fn overlap() -> String {
     )
 }
 
+/// Without static-graph mode a layer used by two checkpointed segments has its
+/// gradient hook fire twice, which the Reducer refuses (the PyTorch error, pytorch#24005).
+fn dynamic_shared() -> String {
+    let pg = init_env(Duration::from_secs(30));
+    tch::manual_seed(1);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = Net::new(&vs, Variant::Shared);
+    let opts = DdpOptions {
+        static_graph: false,
+        ..DdpOptions::default()
+    };
+    let ddp = DistributedDataParallel::new(&pg, &vs, opts);
+    let x = Tensor::randn([B, D], (Kind::Float, Device::Cpu));
+    let out = ddp.forward(|| net.forward(&x));
+    match out.square().mean(Kind::Float).f_backward() {
+        Err(e) => format!(
+            "error=true marked_twice={}",
+            e.to_string().contains("mark a variable ready only once")
+        ),
+        Ok(()) => "error=false".into(),
+    }
+}
+
 /// Rank 1 builds a different model: construction fails on every rank.
 fn shape_mismatch() -> String {
     let pg = init_env(Duration::from_secs(30));
@@ -438,7 +485,7 @@ fn dead_rank() -> String {
     let pg = init_env(Duration::from_secs(5));
     tch::manual_seed(1);
     let vs = nn::VarStore::new(Device::Cpu);
-    let net = Net::new(&vs, false);
+    let net = Net::new(&vs, Variant::Distinct);
     let ddp = DistributedDataParallel::new(&pg, &vs, DdpOptions::default());
     if pg.rank() == 1 {
         std::process::exit(0);
@@ -521,6 +568,100 @@ fn ddp_with_a_layer_shared_by_two_segments_matches_one_process() {
 #[test]
 fn ddp_no_sync_accumulation_matches_one_process() {
     check_train("train_no_sync");
+}
+
+#[test]
+fn ddp_with_checkpointed_macro_blocks_matches_one_process() {
+    check_train("train_macro");
+}
+
+#[test]
+fn without_static_graph_a_shared_layer_is_the_reducer_error() {
+    for report in run_ok("dynamic_shared", 2) {
+        let f = fields(&report);
+        assert_eq!(f["error"], "true", "{report}");
+        assert_eq!(f["marked_twice"], "true", "{report}");
+    }
+}
+
+/// The venv's torchrun: `CKPT_TORCHRUN`, else `bin/torchrun` above libtorch (the set-up
+/// links `.libtorch` into the venv's site-packages), else in the set-up's cache.
+fn torchrun() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("CKPT_TORCHRUN") {
+        return Some(PathBuf::from(p));
+    }
+    let libtorch = std::env::var_os("LIBTORCH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".libtorch"));
+    if let Ok(real) = libtorch.canonicalize() {
+        for dir in real.ancestors() {
+            let t = dir.join("bin/torchrun");
+            if t.exists() {
+                return Some(t);
+            }
+        }
+    }
+    let cache = std::env::var_os("CKPT_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("ckpt")))
+        .or_else(|| std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/ckpt")))?;
+    let t = cache.join("torch-2.13.0/bin/torchrun");
+    t.exists().then_some(t)
+}
+
+#[test]
+fn torchrun_no_python_launches_the_workers() {
+    let Some(torchrun) = torchrun() else {
+        eprintln!("skipped: no torchrun found (set CKPT_TORCHRUN to the venv's torchrun)");
+        return;
+    };
+    let _serial = serial();
+    let out = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut child = Command::new(&torchrun)
+        .args(["--no-python", "--nnodes", "1", "--nproc-per-node", "2"])
+        .args([
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            &port.to_string(),
+        ])
+        .arg(&exe)
+        .args([
+            "--ignored",
+            "--exact",
+            "worker",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CKPT_DIST_SCENARIO", "collectives")
+        .env("CKPT_DIST_OUT", out.path())
+        .env("OMP_NUM_THREADS", "1")
+        .spawn()
+        .expect("spawn torchrun");
+    let start = Instant::now();
+    let status = loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(240) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("torchrun still running after 240 s; killed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "torchrun: {status}");
+    for (rank, (_, report)) in reports(out.path(), &[true, true]).iter().enumerate() {
+        let f = fields(report);
+        assert_eq!(
+            f.get("all_ok").map(String::as_str),
+            Some("true"),
+            "rank {rank}: {report}"
+        );
+        eprintln!("torchrun rank {rank}: agent store = {}", f["agent_store"]);
+    }
 }
 
 #[test]

@@ -14,6 +14,10 @@
 //! torchrun --no-python --nproc-per-node 2 ./target/release/examples/train
 //! ```
 //!
+//! or, on one machine and without Python, with `ckpt`'s own launcher
+//! ([`launch_local`], [`relaunch_self`] for a program's `--nproc N`), which sets the same
+//! variables.
+//!
 //! Under torchrun's elastic agent (`TORCHELASTIC_USE_AGENT_STORE=True`) the agent
 //! already serves the store on `MASTER_ADDR:MASTER_PORT`, so every rank, rank 0
 //! included, connects as a client, and keys live under
@@ -46,6 +50,7 @@
 
 mod ddp;
 mod ffi;
+mod launch;
 mod sampler;
 
 use std::sync::Arc;
@@ -54,6 +59,7 @@ use std::time::Duration;
 use tch::Tensor;
 
 pub use ddp::{BucketLaunches, DdpOptions, DistributedDataParallel, NoSync};
+pub use launch::{LaunchResult, LocalLaunch, launch_local, relaunch_self};
 pub use sampler::DistributedSampler;
 
 use crate::CkptError;
