@@ -27,6 +27,7 @@
 //! # Example
 //!
 //! ```no_run
+//! # extern crate ckpt_runtime as ckpt;
 //! use ckpt::dist::{self, DdpOptions, DistributedDataParallel};
 //! use tch::{nn, nn::Module, nn::OptimizerConfig, Device, Kind, Tensor};
 //!

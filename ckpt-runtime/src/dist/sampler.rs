@@ -14,6 +14,19 @@ use crate::CkptError;
 /// The permutation is a Fisher–Yates shuffle driven by SplitMix64 (seeded by `seed +
 /// epoch`), the same on every rank and every platform; it is not `torch.randperm`'s.
 /// Call [`DistributedSampler::set_epoch`] at each epoch for a new order.
+///
+/// ```
+/// # extern crate ckpt_runtime as ckpt;
+/// use ckpt::dist::DistributedSampler;
+/// // 10 samples over 3 ranks: 4 each, 2 samples seen twice in the epoch.
+/// let mut shares: Vec<usize> = (0..3)
+///     .flat_map(|rank| DistributedSampler::new(10, 3, rank).seed(7).indices())
+///     .collect();
+/// assert_eq!(shares.len(), 12);
+/// shares.sort();
+/// shares.dedup();
+/// assert_eq!(shares, (0..10).collect::<Vec<_>>());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DistributedSampler {
     len: usize,
