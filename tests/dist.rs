@@ -135,6 +135,7 @@ fn worker() {
         "train_shared" => train(Variant::Shared),
         "train_no_sync" => train(Variant::NoSync),
         "train_macro" => train(Variant::Macro),
+        "train_auto" => train(Variant::Auto),
         "dynamic_shared" => dynamic_shared(),
         "overlap" => overlap(),
         "shape_mismatch" => shape_mismatch(),
@@ -222,6 +223,28 @@ enum Variant {
     /// Blocks whose forward is `#[checkpointed]` (one segment per block), the head
     /// inline.
     Macro,
+    /// The forward under `#[checkpointed(segments = auto)]`: the planner profiles it
+    /// at the first call and chooses the cuts.
+    Auto,
+}
+
+/// The stages of `Variant::Auto`'s forward.
+#[derive(Debug, ckpt::ShallowClone)]
+struct AutoNet {
+    l0: nn::Linear,
+    l1: nn::Linear,
+    l2: nn::Linear,
+    head: nn::Linear,
+}
+
+impl AutoNet {
+    #[ckpt::checkpointed(segments = auto)]
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let h = self.l0.forward(x).gelu("none").dropout(0.1, true);
+        let h = self.l1.forward(&h).gelu("none").dropout(0.1, true) + h;
+        let h = self.l2.forward(&h).gelu("none") + h;
+        self.head.forward(&h)
+    }
 }
 
 /// A residual block checkpointed as a whole by the macro, with dropout inside.
@@ -248,6 +271,7 @@ struct Net {
     head: nn::Linear,
     shared: bool,
     macro_blocks: bool,
+    auto: bool,
 }
 
 impl Net {
@@ -262,10 +286,20 @@ impl Net {
             head,
             shared,
             macro_blocks,
+            auto: variant == Variant::Auto,
         }
     }
 
     fn forward(&self, xs: &Tensor) -> Tensor {
+        if self.auto {
+            let net = AutoNet {
+                l0: self.l[0].shallow_clone(),
+                l1: self.l[1].shallow_clone(),
+                l2: self.l[2].shallow_clone(),
+                head: self.head.shallow_clone(),
+            };
+            return net.forward(xs);
+        }
         if self.macro_blocks {
             let mut h = xs.shallow_clone();
             for fc in &self.l {
@@ -300,10 +334,10 @@ impl Net {
     }
 }
 
-/// The global batch of `step`: inputs `[world * micro * B, D]`, targets `[.., 2]`.
-fn global_batch(step: i64, world: i64, micro: i64) -> (Tensor, Tensor) {
+/// The global batch of `step`: inputs `[world * micro * rows, D]`, targets `[.., 2]`.
+fn global_batch(step: i64, world: i64, micro: i64, rows: i64) -> (Tensor, Tensor) {
     tch::manual_seed(7000 + step);
-    let n = world * micro * B;
+    let n = world * micro * rows;
     (
         Tensor::randn([n, D], (Kind::Float, Device::Cpu)),
         Tensor::randn([n, 2], (Kind::Float, Device::Cpu)),
@@ -311,8 +345,8 @@ fn global_batch(step: i64, world: i64, micro: i64) -> (Tensor, Tensor) {
 }
 
 /// Rows of rank `r`, micro-batch `m`.
-fn shard(t: &Tensor, r: i64, m: i64, micro: i64) -> Tensor {
-    t.narrow(0, (r * micro + m) * B, B)
+fn shard(t: &Tensor, r: i64, m: i64, micro: i64, rows: i64) -> Tensor {
+    t.narrow(0, (r * micro + m) * rows, rows)
 }
 
 fn dropout_seed(step: i64, m: i64, r: i64) -> i64 {
@@ -341,6 +375,9 @@ fn train(variant: Variant) -> String {
     let pg = init_env(Duration::from_secs(60));
     let (rank, world) = (pg.rank() as i64, pg.world_size() as i64);
     let micro = if variant == Variant::NoSync { 2 } else { 1 };
+    // `segments = auto` checkpoints only when activations outweigh a segment's own cost
+    // (its RNG state copy, 5 KB): give it 64 rows.
+    let rows = if variant == Variant::Auto { 64 } else { B };
 
     // Different initial parameters on each rank: DDP must broadcast rank 0's.
     tch::manual_seed(100 + rank);
@@ -355,13 +392,13 @@ fn train(variant: Variant) -> String {
     let buckets = ddp.bucket_sizes().len();
     let mut opt = nn::AdamW::default().build(&vs, 1e-2).unwrap();
     for step in 0..STEPS {
-        let (x, y) = global_batch(step, world, micro);
+        let (x, y) = global_batch(step, world, micro, rows);
         opt.zero_grad();
         for m in 0..micro {
             let _guard = (m + 1 < micro).then(|| ddp.no_sync());
             tch::manual_seed(dropout_seed(step, m, rank));
-            let out = ddp.forward(|| net.forward(&shard(&x, rank, m, micro)));
-            mse(&out, &shard(&y, rank, m, micro)).backward();
+            let out = ddp.forward(|| net.forward(&shard(&x, rank, m, micro, rows)));
+            mse(&out, &shard(&y, rank, m, micro, rows)).backward();
         }
         opt.step();
     }
@@ -381,13 +418,13 @@ fn train(variant: Variant) -> String {
         let net = Net::new(&vs, variant);
         let mut opt = nn::AdamW::default().build(&vs, 1e-2).unwrap();
         for step in 0..STEPS {
-            let (x, y) = global_batch(step, world, micro);
+            let (x, y) = global_batch(step, world, micro, rows);
             opt.zero_grad();
             for r in 0..world {
                 for m in 0..micro {
                     tch::manual_seed(dropout_seed(step, m, r));
-                    let out = net.forward(&shard(&x, r, m, micro));
-                    (mse(&out, &shard(&y, r, m, micro)) / world as f64).backward();
+                    let out = net.forward(&shard(&x, r, m, micro, rows));
+                    (mse(&out, &shard(&y, r, m, micro, rows)) / world as f64).backward();
                 }
             }
             opt.step();
@@ -402,7 +439,13 @@ fn train(variant: Variant) -> String {
             })
             .fold(0.0, f64::max);
     }
-    format!("max_diff={max_diff:e} same_as_rank0={same_as_rank0} buckets={buckets}")
+    // Segments the planner chose (`segments = auto`), else 0.
+    let planned = ckpt::plan::function_plans()
+        .first()
+        .map_or(0, |p| p.plan.segments());
+    format!(
+        "max_diff={max_diff:e} same_as_rank0={same_as_rank0} buckets={buckets} planned_segments={planned}"
+    )
 }
 
 /// Records the bucket launches of a backward (after the first, static-graph, step):
@@ -546,12 +589,23 @@ fn check_train(scenario: &str) {
             assert!(f["buckets"].parse::<usize>().unwrap() > 1, "{report}");
         }
         let diff: f64 = fields(&reports[0])["max_diff"].parse().unwrap();
-        eprintln!("{scenario} x{world}: largest parameter difference {diff:e}");
+        eprintln!(
+            "{scenario} x{world}: largest parameter difference {diff:e} ({})",
+            reports[0]
+        );
         assert!(
             (0.0..TOL).contains(&diff),
             "{scenario} x{world}: {}",
             reports[0]
         );
+        if scenario == "train_auto" {
+            let planned: usize = fields(&reports[0])["planned_segments"].parse().unwrap();
+            assert!(
+                planned >= 2,
+                "the planner checkpointed nothing: {}",
+                reports[0]
+            );
+        }
     }
 }
 
@@ -573,6 +627,11 @@ fn ddp_no_sync_accumulation_matches_one_process() {
 #[test]
 fn ddp_with_checkpointed_macro_blocks_matches_one_process() {
     check_train("train_macro");
+}
+
+#[test]
+fn ddp_with_segments_auto_matches_one_process() {
+    check_train("train_auto");
 }
 
 #[test]
