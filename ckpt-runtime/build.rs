@@ -1,7 +1,9 @@
 //! Compiles the C++ beside the Rust (`csrc/`) against the libtorch that `torch-sys`
 //! found, with the same flags: `ckpt.cpp` (the autograd node, the counting CPU
 //! allocator, autocast state), `rng.cpp` (generator snapshots), `buffers.cpp` (batch
-//! norm statistics frozen in recomputes) and `policy.cpp` (selective checkpointing).
+//! norm statistics frozen in recomputes), `policy.cpp` (selective checkpointing), and,
+//! as a library of its own with Gloo's headers, `dist.cpp` (the c10d binding of
+//! `ckpt::dist`).
 
 use std::env;
 use std::path::PathBuf;
@@ -16,7 +18,11 @@ const SOURCES: [&str; 4] = [
 const HEADERS: [&str; 2] = ["csrc/extra.h", "csrc/policy.h"];
 
 fn main() {
-    for file in SOURCES.iter().chain(&HEADERS) {
+    for file in SOURCES
+        .iter()
+        .chain(&HEADERS)
+        .chain(&["csrc/dist.cpp", "third_party/gloo/include"])
+    {
         println!("cargo:rerun-if-changed={file}");
     }
     // `torch-sys` declares `links = "tch"` and prints `cargo:libtorch_lib=...`, which
@@ -48,6 +54,24 @@ fn main() {
         .define("GLOG_USE_GLOG_EXPORT", None)
         .files(SOURCES)
         .compile("ckpt_csrc");
+    // The c10d binding: ProcessGroupGloo.hpp needs Gloo's headers, which the libtorch
+    // wheel does not ship; third_party/gloo/ has those of the revision it was built with.
+    let mut dist = cc::Build::new();
+    dist.cpp(true).pic(true).std("c++17");
+    for dir in includes
+        .iter()
+        .chain([&PathBuf::from("third_party/gloo/include")])
+    {
+        dist.flag("-isystem")
+            .flag(dir.to_str().expect("libtorch path is UTF-8"));
+    }
+    dist.flag("-Wall")
+        .flag("-Wextra")
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .define("GLOG_USE_GLOG_EXPORT", None)
+        .define("USE_C10D_GLOO", None)
+        .file("csrc/dist.cpp")
+        .compile("ckpt_dist");
     // Dependents (the `ckpt` facade) read this as DEP_CKPT_RUNTIME_LIBTORCH_LIB to set an rpath
     // for their own binaries, tests and examples.
     println!("cargo:libtorch_lib={}", lib.display());

@@ -36,6 +36,18 @@ pub enum CkptError {
     #[error("CUDA: {0}")]
     Cuda(String),
 
+    /// A variable a launcher sets (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, ...) is missing
+    /// or out of range, or an argument of [`crate::dist::init`] is (`ckpt::dist`).
+    #[error("distributed set-up: {0}")]
+    DistEnv(String),
+
+    /// PyTorch's distributed engine (c10d: the TCPStore, a process group, a collective, the
+    /// DDP Reducer) reported an error: an unreachable master or a peer that did not answer
+    /// within the timeout, a port in use, parameters that differ between ranks. The
+    /// message is c10d's.
+    #[error("c10d: {0}")]
+    Dist(String),
+
     /// No plan of the chain fits the memory budget (`ckpt::plan`): even the plan with the
     /// least predicted peak needs `min_bytes`.
     #[error(

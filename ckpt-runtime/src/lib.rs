@@ -12,10 +12,13 @@
 //! - [`amp`]: `torch.autocast` for CPU and CUDA (recomputes replay it).
 //! - [`plan`]: choose the cuts of a chain for a memory budget (profile, dynamic program,
 //!   [`checkpoint_sequential_plan`]).
+//! - [`dist`]: data-parallel training on PyTorch's c10d (process groups, collectives,
+//!   [`dist::DistributedDataParallel`], [`dist::DistributedSampler`]).
 //! - [`CkptError`]: the error of every `f_` function.
 
 pub mod amp;
 mod checkpoint;
+pub mod dist;
 mod error;
 mod ffi;
 mod macro_support;
