@@ -36,7 +36,7 @@ use crate::listops::ListOpsConfig;
 use crate::model::{ModelConfig, Strategy};
 use crate::report::{ConfigJson, Report, RunJson};
 use crate::text::VocabConfig;
-use crate::train::{Schedule, TrainConfig};
+use crate::train::{RunSpec, Schedule, TrainConfig};
 
 // The data's padding id is the model's.
 const _: () = assert!(data::PAD == model::PAD);
@@ -60,6 +60,9 @@ enum PolicyArg {
     /// Also keep every Linear output and dropout mask; recompute the attention core,
     /// norms and activations (`ckpt::Policy::selective`).
     Selective,
+    /// Keep the dropout masks (1 byte an element) instead of drawing them again;
+    /// recompute the rest.
+    Masks,
 }
 
 impl PolicyArg {
@@ -67,6 +70,7 @@ impl PolicyArg {
         match self {
             PolicyArg::Full => ckpt::Policy::RECOMPUTE_ALL,
             PolicyArg::Selective => ckpt::Policy::selective(),
+            PolicyArg::Masks => ckpt::Policy::RECOMPUTE_ALL.save_dropout_masks(true),
         }
     }
 }
@@ -169,10 +173,12 @@ struct Args {
     #[arg(long, default_value = "3")]
     segments: SegmentsArg,
     /// What each checkpointed segment keeps from its forward: `full` keeps only its
-    /// input; `selective` also keeps Linear outputs and dropout masks (more memory, less
-    /// recompute; gradients unchanged).
-    #[arg(long, value_enum, default_value_t = PolicyArg::Full)]
-    policy: PolicyArg,
+    /// input; `selective` also keeps Linear outputs and dropout masks, `masks` only the
+    /// dropout masks (more memory, less recompute; gradients unchanged). Repeat it
+    /// (`--policy full --policy selective`) to train one checkpointed run per policy,
+    /// all taking turns with the plain run.
+    #[arg(long, value_enum, default_values_t = [PolicyArg::Full])]
+    policy: Vec<PolicyArg>,
     /// Train the runs one after the other instead of taking turns step by step
     /// (interleaving keeps the time comparison fair when other processes load the
     /// machine; the numbers are the same either way).
@@ -395,7 +401,6 @@ fn main() -> Result<()> {
         weight_decay: args.weight_decay,
         seed: args.seed,
         device,
-        policy: args.policy.policy(),
     };
 
     println!("task:   {}", task.description);
@@ -429,13 +434,28 @@ fn main() -> Result<()> {
         args.seed
     );
 
-    let plan: Vec<(String, Strategy)> = if args.sweep {
+    let policies: Vec<ckpt::Policy> = args.policy.iter().map(|p| p.policy()).collect();
+    ensure!(
+        !args.sweep || policies.len() == 1,
+        "--sweep takes one --policy"
+    );
+    let plan: Vec<RunSpec> = if args.sweep {
         (1..=args.layers)
-            .map(|k| (format!("segments={k}"), Strategy::Checkpointed(k)))
+            .map(|k| {
+                (
+                    format!("segments={k}"),
+                    Strategy::Checkpointed(k),
+                    policies[0],
+                )
+            })
             .collect()
     } else {
-        let plain = ("plain".to_owned(), Strategy::Plain);
-        let ckpt = match args.segments {
+        let plain = (
+            "plain".to_owned(),
+            Strategy::Plain,
+            ckpt::Policy::RECOMPUTE_ALL,
+        );
+        let (name, strategy) = match args.segments {
             // More segments than blocks means one block a segment (as
             // `ckpt::sequential_segments` clamps); the table shows the count used.
             SegmentsArg::Count(n) => (
@@ -445,10 +465,11 @@ fn main() -> Result<()> {
             // The planner's cuts (the table's segments column shows `-`).
             SegmentsArg::Auto => ("auto".to_owned(), Strategy::Auto),
         };
+        let ckpt = policies.iter().map(|&p| (name.clone(), strategy, p));
         match args.mode {
-            Mode::Both => vec![plain, ckpt],
+            Mode::Both => std::iter::once(plain).chain(ckpt).collect(),
             Mode::Plain => vec![plain],
-            Mode::Checkpointed => vec![ckpt],
+            Mode::Checkpointed => ckpt.collect(),
         }
     };
 

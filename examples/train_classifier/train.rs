@@ -43,8 +43,24 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Where the model runs.
     pub device: Device,
-    /// What the checkpointed segments keep from their forward.
-    pub policy: ckpt::Policy,
+}
+
+/// One run to make: its name, how the blocks are cut, and what the checkpointed
+/// segments keep from their forward.
+pub type RunSpec = (String, Strategy, ckpt::Policy);
+
+/// The name of `policy` in the table and the JSON.
+pub fn policy_name(policy: ckpt::Policy) -> &'static str {
+    use ckpt::Policy;
+    if policy == Policy::RECOMPUTE_ALL {
+        "full"
+    } else if policy == Policy::selective() {
+        "selective"
+    } else if policy == Policy::RECOMPUTE_ALL.save_dropout_masks(true) {
+        "masks"
+    } else {
+        "linear"
+    }
 }
 
 /// What one run measured.
@@ -54,7 +70,7 @@ pub struct RunResult {
     pub name: String,
     /// Segments of `checkpoint_sequential_t`; 0 for plain.
     pub segments: usize,
-    /// `full` or `selective` for checkpointed runs, `none` for plain.
+    /// `full`, `selective` or `masks` for checkpointed runs, `none` for plain.
     pub policy: &'static str,
     /// Peak tensor bytes above the step's baseline, largest over the steps after the
     /// first (the first when there is only one).
@@ -152,6 +168,7 @@ impl Run {
         model_cfg: &ModelConfig,
         cfg: &TrainConfig,
         strategy: Strategy,
+        policy: ckpt::Policy,
         steps: usize,
         bars: &MultiProgress,
     ) -> Result<Self> {
@@ -159,7 +176,7 @@ impl Run {
         let vs = nn::VarStore::new(cfg.device);
         let mut model = Classifier::new(vs.root(), model_cfg);
         strategy.apply(&mut model, model_cfg.layers)?;
-        model.set_policy(cfg.policy);
+        model.set_policy(policy);
         let opt = nn::AdamW {
             wd: cfg.weight_decay,
             ..Default::default()
@@ -182,10 +199,9 @@ impl Run {
             result: RunResult {
                 name: name.to_owned(),
                 segments: strategy.segments(),
-                policy: match (strategy, cfg.policy == ckpt::Policy::RECOMPUTE_ALL) {
-                    (Strategy::Plain, _) => "none",
-                    (_, true) => "full",
-                    (_, false) => "selective",
+                policy: match strategy {
+                    Strategy::Plain => "none",
+                    _ => policy_name(policy),
                 },
                 peak_bytes: 0,
                 first_step_peak_bytes: 0,
@@ -279,7 +295,7 @@ impl Run {
 /// When libtorch fails (out of memory, a failing recompute), or the memory statistics
 /// of the device are unavailable.
 pub fn train(
-    plan: &[(String, Strategy)],
+    plan: &[RunSpec],
     task: &Task,
     model_cfg: &ModelConfig,
     cfg: &TrainConfig,
@@ -294,12 +310,12 @@ pub fn train(
         cfg.batch_size
     );
     let steps = steps_per_epoch * cfg.epochs;
-    let new_run = |(name, strategy): &(String, Strategy)| {
-        Run::new(name, model_cfg, cfg, *strategy, steps, bars)
+    let new_run = |(name, strategy, policy): &RunSpec| {
+        Run::new(name, model_cfg, cfg, *strategy, *policy, steps, bars)
             .with_context(|| format!("run `{name}`"))
     };
     // Runs that train together; one group of all runs, or one group a run.
-    let groups: Vec<Vec<&(String, Strategy)>> = match schedule {
+    let groups: Vec<Vec<&RunSpec>> = match schedule {
         Schedule::Interleaved => vec![plan.iter().collect()],
         Schedule::Sequential => plan.iter().map(|p| vec![p]).collect(),
     };
