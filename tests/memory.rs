@@ -260,3 +260,18 @@ fn sixteen_checkpointed_steps_of_a_small_cell_peak_below_plain() {
     );
     drop(h);
 }
+
+/// A panic inside `measure` propagates, and the enclosing measurement still sees the
+/// peak it had before.
+#[test]
+fn a_panic_inside_a_nested_measure_keeps_the_enclosing_peak() {
+    let _g = serial();
+    let ((), outer) = memory::measure(Device::Cpu, || {
+        drop(Tensor::zeros([1 << 20], (Kind::Float, Device::Cpu))); // 4 MiB, freed
+        let r = std::panic::catch_unwind(|| {
+            memory::measure(Device::Cpu, || -> () { panic!("inside") })
+        });
+        assert!(r.is_err());
+    });
+    assert_eq!(outer.peak_above_baseline_bytes, 4 << 20);
+}

@@ -72,7 +72,8 @@ pub fn autocast<T>(device: Device, dtype: Kind, f: impl FnOnce() -> T) -> T {
 /// # Errors
 ///
 /// [`CkptError::InvalidArgument`] for a device other than CPU or CUDA, or a `dtype`
-/// other than `Kind::Half` / `Kind::BFloat16`; `f` does not run then.
+/// other than `Kind::Half` / `Kind::BFloat16`; `f` does not run then. A panic of `f` is
+/// not an error: it propagates, after the previous autocast state is restored.
 pub fn f_autocast<T>(device: Device, dtype: Kind, f: impl FnOnce() -> T) -> Result<T, CkptError> {
     let cuda = match device {
         Device::Cpu => false,

@@ -155,7 +155,7 @@ pub fn f_reset_peak(device: Device) -> Result<(), CkptError> {
 ///
 /// # Panics
 ///
-/// As [`stats`].
+/// As [`stats`], and when `f` panics.
 pub fn measure<R>(device: Device, f: impl FnOnce() -> R) -> (R, PeakReport) {
     f_measure(device, f).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -164,16 +164,25 @@ pub fn measure<R>(device: Device, f: impl FnOnce() -> R) -> (R, PeakReport) {
 ///
 /// # Errors
 ///
-/// As [`f_stats`]; `f` is not run then.
+/// As [`f_stats`]; `f` is not run then. A panic of `f` is not an error: it propagates
+/// (an enclosing measurement keeps the peak it had seen).
 pub fn f_measure<R>(device: Device, f: impl FnOnce() -> R) -> Result<(R, PeakReport), CkptError> {
+    /// Gives the enclosing measurement its peak back, also when `f` panics.
+    struct KeepEnclosingPeak(Option<i64>);
+    impl Drop for KeepEnclosingPeak {
+        fn drop(&mut self) {
+            if let Some(peak) = self.0 {
+                ffi::cpu_raise_peak(peak);
+            }
+        }
+    }
     let enclosing_peak = f_stats(device)?.peak_bytes;
     f_reset_peak(device)?;
+    let keep = KeepEnclosingPeak((device == Device::Cpu).then_some(enclosing_peak));
     let before = f_stats(device)?;
     let r = f();
     let after = f_stats(device)?;
-    if device == Device::Cpu {
-        ffi::cpu_raise_peak(enclosing_peak);
-    }
+    drop(keep);
     Ok((
         r,
         PeakReport {
