@@ -2,7 +2,7 @@
 // closure in backward, a counting wrapper around libtorch's CPU allocator, and the
 // CUDA caching allocator's statistics.
 //
-// Rules of this file (DESIGN.md decisions 1, 3, 4, 5, 6, 7):
+// Rules of this file:
 // - every `extern "C"` entry point catches every C++ exception and reports it through
 //   the caller's error callback; nothing throws across the FFI boundary;
 // - Rust callbacks never unwind (the Rust side wraps them in catch_unwind) and report
@@ -216,7 +216,8 @@ struct Sink {
   std::string error;
 };
 
-// Calls the closure on `inputs`; throws c10::Error with the closure's message on failure.
+// Calls the closure on `inputs`; throws std::runtime_error with the closure's message on
+// failure.
 std::vector<at::Tensor> call_closure(const Segment& seg, bool recompute,
                                      const std::vector<at::Tensor>& inputs, void* fwd_ctx) {
   std::vector<tensor> raw;

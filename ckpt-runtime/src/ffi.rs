@@ -1,5 +1,6 @@
-//! The one `unsafe` boundary of the crate: declarations of `csrc/ckpt.cpp` and the Rust
-//! callbacks it calls. Nothing here unwinds into C++: every callback runs Rust code
+//! The `unsafe` boundary of the checkpoint node (`ckpt::dist` has its own, in
+//! `dist/ffi.rs`): declarations of `csrc/ckpt.cpp` and its siblings, and the Rust
+//! callbacks they call. Nothing here unwinds into C++: every callback runs Rust code
 //! inside `catch_unwind` and reports failure through the C++ sink.
 
 use std::any::Any;

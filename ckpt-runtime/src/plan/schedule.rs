@@ -15,7 +15,7 @@ use crate::{CkptError, Policy};
 
 /// How the stages of a checkpointed `model!` chain are cut into segments: what
 /// `#[checkpointed(..)]` declares, and what the generated `set_schedule` (and its
-/// shorthands `set_segments`, `set_cuts`, `set_plan`, `set_auto`, `set_budget`) changes
+/// shorthands `set_segments`, `set_plan`, `set_auto`, `set_budget`) changes
 /// at run time. Every segment but the last is checkpointed; the last runs plainly.
 ///
 /// ```
