@@ -137,6 +137,7 @@ fn worker() {
         "train_macro" => train(Variant::Macro),
         "train_auto" => train(Variant::Auto),
         "dynamic_shared" => dynamic_shared(),
+        "buffers" => buffers(),
         "overlap" => overlap(),
         "shape_mismatch" => shape_mismatch(),
         "dead_rank" => dead_rank(),
@@ -510,6 +511,34 @@ fn dynamic_shared() -> String {
     }
 }
 
+/// Each rank writes its own value into a buffer (a variable that does not require grad,
+/// like batch norm's running mean); a synchronized forward copies rank 0's to every
+/// rank, unless `broadcast_buffers` is off.
+fn buffers() -> String {
+    let pg = init_env(Duration::from_secs(30));
+    let mut out = Vec::new();
+    for broadcast_buffers in [true, false] {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let lin = nn::linear(vs.root() / "lin", 3, 3, Default::default());
+        let mut buf = vs.root().zeros_no_train("running_mean", &[3]);
+        let opts = DdpOptions {
+            broadcast_buffers,
+            ..DdpOptions::default()
+        };
+        let ddp = DistributedDataParallel::new(&pg, &vs, opts);
+        let _ = tch::no_grad(|| buf.fill_(pg.rank() as f64 + 1.0));
+        let x = Tensor::ones([2, 3], (Kind::Float, Device::Cpu));
+        ddp.forward(|| lin.forward(&x) + &buf)
+            .sum(Kind::Float)
+            .backward();
+        out.push(format!(
+            "broadcast_{broadcast_buffers}={}",
+            buf.double_value(&[0])
+        ));
+    }
+    out.join(" ")
+}
+
 /// Rank 1 builds a different model: construction fails on every rank.
 fn shape_mismatch() -> String {
     let pg = init_env(Duration::from_secs(30));
@@ -733,6 +762,19 @@ fn buckets_are_reduced_while_backward_runs() {
         assert_eq!(f["launches"].parse::<usize>().unwrap(), buckets, "{report}");
         // More than one bucket's all-reduce started before the last gradient hook.
         assert!(f["early"].parse::<usize>().unwrap() > 1, "{report}");
+    }
+}
+
+#[test]
+fn buffers_are_broadcast_from_rank_0_before_each_forward() {
+    for (rank, report) in run_ok("buffers", 2).iter().enumerate() {
+        let f = fields(report);
+        assert_eq!(f["broadcast_true"], "1", "rank {rank}: {report}");
+        assert_eq!(
+            f["broadcast_false"],
+            (rank + 1).to_string(),
+            "rank {rank}: {report}"
+        );
     }
 }
 
