@@ -949,3 +949,60 @@ fn a_single_rank_group_trains_and_reduces_to_itself() {
             .is_err()
     );
 }
+
+fn sh(script: &str, nproc: usize) -> LocalLaunch {
+    LocalLaunch::new("/bin/sh", vec!["-c".into(), script.into()], nproc)
+}
+
+#[test]
+fn the_local_launcher_sets_torchruns_variables() {
+    let out = tempfile::tempdir().unwrap();
+    let mut l = sh(
+        "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR > $OUT/$RANK",
+        3,
+    );
+    l.master_port = Some(29999);
+    l.envs = vec![("OUT".into(), out.path().display().to_string())];
+    l.timeout = Some(Duration::from_secs(30));
+    let r = dist::launch_local(&l).unwrap();
+    assert!(r.success(), "{r:?}");
+    for rank in 0..3 {
+        let got = std::fs::read_to_string(out.path().join(rank.to_string())).unwrap();
+        assert_eq!(got.trim(), format!("{rank} {rank} 3 3 0 127.0.0.1"));
+    }
+}
+
+#[test]
+fn the_local_launcher_kills_the_others_when_a_worker_fails_or_time_runs_out() {
+    // Rank 1 fails at once; rank 0 would sleep for 60 s and is killed.
+    let mut l = sh("[ $RANK = 1 ] && exit 3; sleep 60", 2);
+    l.timeout = Some(Duration::from_secs(30));
+    let start = Instant::now();
+    let r = dist::launch_local(&l).unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(!r.success() && !r.timed_out, "{r:?}");
+    assert_eq!(r.status[1].and_then(|s| s.code()), Some(3));
+    assert!(
+        r.status[0].is_none(),
+        "rank 0 should have been killed: {r:?}"
+    );
+
+    let mut l = sh("sleep 60", 2);
+    l.timeout = Some(Duration::from_millis(300));
+    let r = dist::launch_local(&l).unwrap();
+    assert!(r.timed_out && !r.success(), "{r:?}");
+
+    assert!(matches!(
+        dist::launch_local(&sh("true", 0)),
+        Err(CkptError::InvalidArgument(_))
+    ));
+    let missing = LocalLaunch::new("/nonexistent/worker", vec![], 2);
+    assert!(matches!(
+        dist::launch_local(&missing),
+        Err(CkptError::Dist(_))
+    ));
+}
