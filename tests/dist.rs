@@ -1,7 +1,9 @@
 //! `ckpt::dist` on CPU Gloo over 127.0.0.1: collectives, `DistributedDataParallel` with
-//! checkpointed models against a single process trained on the global batch, and the
-//! faults (bad launcher variables, unreachable master, port in use, a dead rank,
-//! parameters that differ between ranks).
+//! checkpointed models against a single process trained on the global batch (distinct
+//! layers per segment, a layer shared by two segments, `no_sync`, `#[checkpointed]`
+//! blocks, `segments = auto`, an unused layer), bucket overlap, buffers, the launchers
+//! (ours and torchrun's), and the faults (bad launcher variables, unreachable master,
+//! port in use, NCCL, a dead rank, parameters that differ between ranks).
 //!
 //! Multi-process tests re-execute this test binary as workers: the parent runs the
 //! ignored test `worker` in N child processes with the variables torchrun sets
@@ -136,6 +138,7 @@ fn worker() {
         "train_no_sync" => train(Variant::NoSync),
         "train_macro" => train(Variant::Macro),
         "train_auto" => train(Variant::Auto),
+        "train_unused" => train(Variant::Unused),
         "dynamic_shared" => dynamic_shared(),
         "buffers" => buffers(),
         "overlap" => overlap(),
@@ -227,6 +230,8 @@ enum Variant {
     /// The forward under `#[checkpointed(segments = auto)]`: the planner profiles it
     /// at the first call and chooses the cuts.
     Auto,
+    /// Distinct layers, but `l[2]` is never used: its gradient stays undefined.
+    Unused,
 }
 
 /// The stages of `Variant::Auto`'s forward.
@@ -273,6 +278,7 @@ struct Net {
     shared: bool,
     macro_blocks: bool,
     auto: bool,
+    skip: bool,
 }
 
 impl Net {
@@ -288,6 +294,7 @@ impl Net {
             shared,
             macro_blocks,
             auto: variant == Variant::Auto,
+            skip: variant == Variant::Unused,
         }
     }
 
@@ -323,11 +330,19 @@ impl Net {
             },
             xs.shallow_clone(),
         );
-        let (b, c) = (self.l[1].shallow_clone(), self.l[2].shallow_clone());
+        let (b, c, skip) = (
+            self.l[1].shallow_clone(),
+            self.l[2].shallow_clone(),
+            self.skip,
+        );
         let h = ckpt::checkpoint(
             move |x: Tensor| {
                 let h = b.forward(&x).gelu("none").dropout(0.1, true) + &x;
-                c.forward(&h).gelu("none") + h
+                if skip {
+                    h
+                } else {
+                    c.forward(&h).gelu("none") + h
+                }
             },
             h,
         );
@@ -440,12 +455,14 @@ fn train(variant: Variant) -> String {
             })
             .fold(0.0, f64::max);
     }
+    // Whether the unused layer got a gradient (it must not, on any rank).
+    let unused_grad = net.l[2].ws.grad().defined();
     // Segments the planner chose (`segments = auto`), else 0.
     let planned = ckpt::plan::function_plans()
         .first()
         .map_or(0, |p| p.plan.segments());
     format!(
-        "max_diff={max_diff:e} same_as_rank0={same_as_rank0} buckets={buckets} planned_segments={planned}"
+        "max_diff={max_diff:e} same_as_rank0={same_as_rank0} buckets={buckets} planned_segments={planned} unused_grad={unused_grad}"
     )
 }
 
@@ -627,6 +644,11 @@ fn check_train(scenario: &str) {
             "{scenario} x{world}: {}",
             reports[0]
         );
+        if scenario == "train_unused" {
+            for r in &reports {
+                assert_eq!(fields(r)["unused_grad"], "false", "{r}");
+            }
+        }
         if scenario == "train_auto" {
             let planned: usize = fields(&reports[0])["planned_segments"].parse().unwrap();
             assert!(
@@ -656,6 +678,11 @@ fn ddp_no_sync_accumulation_matches_one_process() {
 #[test]
 fn ddp_with_checkpointed_macro_blocks_matches_one_process() {
     check_train("train_macro");
+}
+
+#[test]
+fn ddp_with_an_unused_layer_matches_one_process_and_leaves_its_grad_alone() {
+    check_train("train_unused");
 }
 
 #[test]
