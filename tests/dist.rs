@@ -1,7 +1,9 @@
 //! `ckpt::dist` on CPU Gloo over 127.0.0.1: collectives, `DistributedDataParallel` with
-//! checkpointed models against a single process trained on the global batch, and the
-//! faults (bad launcher variables, unreachable master, port in use, a dead rank,
-//! parameters that differ between ranks).
+//! checkpointed models against a single process trained on the global batch (distinct
+//! layers per segment, a layer shared by two segments, `no_sync`, `#[checkpointed]`
+//! blocks, `segments = auto`, an unused layer), bucket overlap, buffers, the launchers
+//! (ours and torchrun's), and the faults (bad launcher variables, unreachable master,
+//! port in use, NCCL, a dead rank, parameters that differ between ranks).
 //!
 //! Multi-process tests re-execute this test binary as workers: the parent runs the
 //! ignored test `worker` in N child processes with the variables torchrun sets
@@ -136,7 +138,9 @@ fn worker() {
         "train_no_sync" => train(Variant::NoSync),
         "train_macro" => train(Variant::Macro),
         "train_auto" => train(Variant::Auto),
+        "train_unused" => train(Variant::Unused),
         "dynamic_shared" => dynamic_shared(),
+        "buffers" => buffers(),
         "overlap" => overlap(),
         "shape_mismatch" => shape_mismatch(),
         "dead_rank" => dead_rank(),
@@ -226,6 +230,8 @@ enum Variant {
     /// The forward under `#[checkpointed(segments = auto)]`: the planner profiles it
     /// at the first call and chooses the cuts.
     Auto,
+    /// Distinct layers, but `l[2]` is never used: its gradient stays undefined.
+    Unused,
 }
 
 /// The stages of `Variant::Auto`'s forward.
@@ -272,6 +278,7 @@ struct Net {
     shared: bool,
     macro_blocks: bool,
     auto: bool,
+    skip: bool,
 }
 
 impl Net {
@@ -287,6 +294,7 @@ impl Net {
             shared,
             macro_blocks,
             auto: variant == Variant::Auto,
+            skip: variant == Variant::Unused,
         }
     }
 
@@ -322,11 +330,19 @@ impl Net {
             },
             xs.shallow_clone(),
         );
-        let (b, c) = (self.l[1].shallow_clone(), self.l[2].shallow_clone());
+        let (b, c, skip) = (
+            self.l[1].shallow_clone(),
+            self.l[2].shallow_clone(),
+            self.skip,
+        );
         let h = ckpt::checkpoint(
             move |x: Tensor| {
                 let h = b.forward(&x).gelu("none").dropout(0.1, true) + &x;
-                c.forward(&h).gelu("none") + h
+                if skip {
+                    h
+                } else {
+                    c.forward(&h).gelu("none") + h
+                }
             },
             h,
         );
@@ -439,12 +455,14 @@ fn train(variant: Variant) -> String {
             })
             .fold(0.0, f64::max);
     }
+    // Whether the unused layer got a gradient (it must not, on any rank).
+    let unused_grad = net.l[2].ws.grad().defined();
     // Segments the planner chose (`segments = auto`), else 0.
     let planned = ckpt::plan::function_plans()
         .first()
         .map_or(0, |p| p.plan.segments());
     format!(
-        "max_diff={max_diff:e} same_as_rank0={same_as_rank0} buckets={buckets} planned_segments={planned}"
+        "max_diff={max_diff:e} same_as_rank0={same_as_rank0} buckets={buckets} planned_segments={planned} unused_grad={unused_grad}"
     )
 }
 
@@ -508,6 +526,34 @@ fn dynamic_shared() -> String {
         ),
         Ok(()) => "error=false".into(),
     }
+}
+
+/// Each rank writes its own value into a buffer (a variable that does not require grad,
+/// like batch norm's running mean); a synchronized forward copies rank 0's to every
+/// rank, unless `broadcast_buffers` is off.
+fn buffers() -> String {
+    let pg = init_env(Duration::from_secs(30));
+    let mut out = Vec::new();
+    for broadcast_buffers in [true, false] {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let lin = nn::linear(vs.root() / "lin", 3, 3, Default::default());
+        let mut buf = vs.root().zeros_no_train("running_mean", &[3]);
+        let opts = DdpOptions {
+            broadcast_buffers,
+            ..DdpOptions::default()
+        };
+        let ddp = DistributedDataParallel::new(&pg, &vs, opts);
+        let _ = tch::no_grad(|| buf.fill_(pg.rank() as f64 + 1.0));
+        let x = Tensor::ones([2, 3], (Kind::Float, Device::Cpu));
+        ddp.forward(|| lin.forward(&x) + &buf)
+            .sum(Kind::Float)
+            .backward();
+        out.push(format!(
+            "broadcast_{broadcast_buffers}={}",
+            buf.double_value(&[0])
+        ));
+    }
+    out.join(" ")
 }
 
 /// Rank 1 builds a different model: construction fails on every rank.
@@ -598,6 +644,11 @@ fn check_train(scenario: &str) {
             "{scenario} x{world}: {}",
             reports[0]
         );
+        if scenario == "train_unused" {
+            for r in &reports {
+                assert_eq!(fields(r)["unused_grad"], "false", "{r}");
+            }
+        }
         if scenario == "train_auto" {
             let planned: usize = fields(&reports[0])["planned_segments"].parse().unwrap();
             assert!(
@@ -627,6 +678,11 @@ fn ddp_no_sync_accumulation_matches_one_process() {
 #[test]
 fn ddp_with_checkpointed_macro_blocks_matches_one_process() {
     check_train("train_macro");
+}
+
+#[test]
+fn ddp_with_an_unused_layer_matches_one_process_and_leaves_its_grad_alone() {
+    check_train("train_unused");
 }
 
 #[test]
@@ -733,6 +789,19 @@ fn buckets_are_reduced_while_backward_runs() {
         assert_eq!(f["launches"].parse::<usize>().unwrap(), buckets, "{report}");
         // More than one bucket's all-reduce started before the last gradient hook.
         assert!(f["early"].parse::<usize>().unwrap() > 1, "{report}");
+    }
+}
+
+#[test]
+fn buffers_are_broadcast_from_rank_0_before_each_forward() {
+    for (rank, report) in run_ok("buffers", 2).iter().enumerate() {
+        let f = fields(report);
+        assert_eq!(f["broadcast_true"], "1", "rank {rank}: {report}");
+        assert_eq!(
+            f["broadcast_false"],
+            (rank + 1).to_string(),
+            "rank {rank}: {report}"
+        );
     }
 }
 
@@ -906,4 +975,61 @@ fn a_single_rank_group_trains_and_reduces_to_itself() {
         DistributedDataParallel::f_new(&pg, &nn::VarStore::new(Device::Cpu), DdpOptions::default())
             .is_err()
     );
+}
+
+fn sh(script: &str, nproc: usize) -> LocalLaunch {
+    LocalLaunch::new("/bin/sh", vec!["-c".into(), script.into()], nproc)
+}
+
+#[test]
+fn the_local_launcher_sets_torchruns_variables() {
+    let out = tempfile::tempdir().unwrap();
+    let mut l = sh(
+        "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR > $OUT/$RANK",
+        3,
+    );
+    l.master_port = Some(29999);
+    l.envs = vec![("OUT".into(), out.path().display().to_string())];
+    l.timeout = Some(Duration::from_secs(30));
+    let r = dist::launch_local(&l).unwrap();
+    assert!(r.success(), "{r:?}");
+    for rank in 0..3 {
+        let got = std::fs::read_to_string(out.path().join(rank.to_string())).unwrap();
+        assert_eq!(got.trim(), format!("{rank} {rank} 3 3 0 127.0.0.1"));
+    }
+}
+
+#[test]
+fn the_local_launcher_kills_the_others_when_a_worker_fails_or_time_runs_out() {
+    // Rank 1 fails at once; rank 0 would sleep for 60 s and is killed.
+    let mut l = sh("[ $RANK = 1 ] && exit 3; sleep 60", 2);
+    l.timeout = Some(Duration::from_secs(30));
+    let start = Instant::now();
+    let r = dist::launch_local(&l).unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(!r.success() && !r.timed_out, "{r:?}");
+    assert_eq!(r.status[1].and_then(|s| s.code()), Some(3));
+    assert!(
+        r.status[0].is_none(),
+        "rank 0 should have been killed: {r:?}"
+    );
+
+    let mut l = sh("sleep 60", 2);
+    l.timeout = Some(Duration::from_millis(300));
+    let r = dist::launch_local(&l).unwrap();
+    assert!(r.timed_out && !r.success(), "{r:?}");
+
+    assert!(matches!(
+        dist::launch_local(&sh("true", 0)),
+        Err(CkptError::InvalidArgument(_))
+    ));
+    let missing = LocalLaunch::new("/nonexistent/worker", vec![], 2);
+    assert!(matches!(
+        dist::launch_local(&missing),
+        Err(CkptError::Dist(_))
+    ));
 }

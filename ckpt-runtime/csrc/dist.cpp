@@ -377,6 +377,21 @@ int32_t ckpt_dist_barrier(void* group, void* err, ckpt_msg_fn set_err) {
   });
 }
 
+// Copies rank `root`'s values of the `n` tensors into every rank's, flattened into
+// buffers of up to `buffer_bytes` (c10d's `broadcast_coalesced`, as Python DDP syncs
+// module states).
+int32_t ckpt_dist_broadcast_coalesced(void* group, tensor* ts, size_t n, int64_t buffer_bytes,
+                                      int32_t root, void* err, ckpt_msg_fn set_err) {
+  return guarded(err, set_err, [&] {
+    auto& g = *static_cast<Group*>(group);
+    if (root < 0 || root >= g.pg->getSize()) fail("broadcast root ", root, " is not a rank of a group of ", g.pg->getSize());
+    std::vector<at::Tensor> states;
+    for (size_t i = 0; i < n; ++i) states.push_back(ts[i]->detach());
+    at::NoGradGuard no_grad;
+    c10d::broadcast_coalesced(g.pg, states, static_cast<size_t>(buffer_bytes), root);
+  });
+}
+
 // ---------------------------------------------------------------------------------
 // DistributedDataParallel
 

@@ -33,6 +33,11 @@ pub struct DdpOptions {
     /// same every step. With `false`, a parameter used by two segments is an error
     /// ("Expected to mark a variable ready only once").
     pub static_graph: bool,
+    /// Broadcast rank 0's buffers (the variables that do not require grad: batch norm's
+    /// running statistics, frozen parameters) to every rank before each synchronized
+    /// forward, as Python DDP's `broadcast_buffers=True` (the default) does, so that every
+    /// rank evaluates the same model.
+    pub broadcast_buffers: bool,
     /// Record the order in which buckets are all-reduced during each backward and how far
     /// backward had come (see [`DistributedDataParallel::last_bucket_launches`]). It
     /// installs a communication hook equivalent to the default (divide by the world
@@ -47,6 +52,7 @@ impl Default for DdpOptions {
             first_bucket_cap_mb: 1.0,
             find_unused_parameters: false,
             static_graph: true,
+            broadcast_buffers: true,
             record_bucket_launches: false,
         }
     }
@@ -91,6 +97,8 @@ pub struct DistributedDataParallel {
     group: ProcessGroup,
     sync: Cell<bool>,
     n_params: usize,
+    // Broadcast before each synchronized forward (empty without `broadcast_buffers`).
+    buffers: Vec<Tensor>,
 }
 
 impl std::fmt::Debug for DistributedDataParallel {
@@ -188,6 +196,11 @@ impl DistributedDataParallel {
             group: group.clone(),
             sync: Cell::new(true),
             n_params: params.len(),
+            buffers: if opts.broadcast_buffers {
+                buffers.iter().map(Tensor::shallow_clone).collect()
+            } else {
+                Vec::new()
+            },
         })
     }
 
@@ -220,6 +233,12 @@ impl DistributedDataParallel {
         f: impl FnOnce() -> Vec<Tensor>,
     ) -> Result<Vec<Tensor>, CkptError> {
         let sync = self.sync.get();
+        if sync && !self.buffers.is_empty() && crate::ffi::grad_enabled() {
+            // 250 MiB: Python DDP's `broadcast_bucket_size`.
+            self.group
+                .raw()
+                .broadcast_coalesced(&self.buffers, 250 << 20, 0)?;
+        }
         self.raw.pre_forward(sync)?;
         let outs = f();
         self.raw.post_forward(&outs, sync)

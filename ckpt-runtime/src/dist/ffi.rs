@@ -96,6 +96,15 @@ unsafe extern "C" {
         set_err: MsgFn,
     ) -> i32;
     fn ckpt_dist_barrier(group: *mut c_void, err: *mut c_void, set_err: MsgFn) -> i32;
+    fn ckpt_dist_broadcast_coalesced(
+        group: *mut c_void,
+        ts: *const *mut C_tensor,
+        n: usize,
+        buffer_bytes: i64,
+        root: i32,
+        err: *mut c_void,
+        set_err: MsgFn,
+    ) -> i32;
     #[allow(clippy::too_many_arguments)]
     fn ckpt_ddp_new(
         group: *mut c_void,
@@ -350,6 +359,27 @@ impl RawGroup {
                 ptrs.as_ptr(),
                 ptrs.len(),
                 op,
+                err,
+                set_err,
+            )
+        })
+    }
+
+    pub(crate) fn broadcast_coalesced(
+        &self,
+        ts: &[Tensor],
+        buffer_bytes: i64,
+        root: i32,
+    ) -> Result<(), CkptError> {
+        let ptrs: Vec<_> = ts.iter().map(ptr).collect();
+        // SAFETY: `ptrs` holds live tensors and outlives the call; `self.0` is live.
+        call(|err| unsafe {
+            ckpt_dist_broadcast_coalesced(
+                self.0,
+                ptrs.as_ptr(),
+                ptrs.len(),
+                buffer_bytes,
+                root,
                 err,
                 set_err,
             )
