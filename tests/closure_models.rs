@@ -364,3 +364,97 @@ fn shared_boxed_dyn_module_t_checkpoints() {
     let x = Tensor::ones([1, 3], (Kind::Float, Device::Cpu));
     assert!(lin.forward(&x).equal(&lin.lock().forward(&x)));
 }
+
+// ---------------------------------------------------------------------------------------
+// The same closure-built blocks from `#[checkpointed]` and `model!`.
+
+fn shared_block(p: nn::Path) -> Shared<nn::FuncT<'static>> {
+    let b = block(&p, CFG);
+    Shared::new(nn::func_t(move |xs, train| b.forward_t(xs, train)))
+}
+
+ckpt::model! {
+    #[checkpointed(segments = 3)]
+    struct GptBlocks(p, n: usize) {
+        #[train] blocks: [Shared<nn::FuncT<'static>>; n] = shared_block(p),
+    }
+}
+
+#[derive(Debug, ShallowClone)]
+struct Blocks {
+    blocks: Vec<Shared<nn::FuncT<'static>>>,
+}
+
+impl Blocks {
+    fn plain(&self, xs: &Tensor, train: bool) -> Tensor {
+        self.blocks
+            .iter()
+            .fold(xs.shallow_clone(), |h, b| h.apply_t(b, train))
+    }
+
+    #[ckpt::checkpointed(segments = 3)]
+    fn segmented(&self, xs: &Tensor, train: bool) -> Tensor {
+        let mut xs = xs.shallow_clone();
+        for block in self.blocks.iter() {
+            xs = block.forward_t(&xs, train);
+        }
+        xs
+    }
+
+    /// Through `Shared::lock()`, which the mutation rule accepts (reading through a lock).
+    #[ckpt::checkpointed(segments = 2)]
+    fn locked(&self, xs: &Tensor, train: bool) -> Tensor {
+        let h = self.blocks[0].lock().forward_t(xs, train);
+        let h = self.blocks[1].lock().forward_t(&h, train);
+        let h = self.blocks[2].lock().forward_t(&h, train);
+        self.blocks[3].lock().forward_t(&h, train)
+    }
+}
+
+#[test]
+fn closure_built_blocks_through_checkpointed_and_model_train_as_plain() {
+    let _serial = serial();
+    let x = || {
+        tch::manual_seed(9);
+        Tensor::randn([2, 16, CFG.n_embd], (Kind::Float, Device::Cpu))
+    };
+    let run = |vs: &nn::VarStore, f: &dyn Fn(&Tensor) -> Tensor| {
+        let x = x();
+        tch::manual_seed(10);
+        let y = f(&x);
+        y.sum(Kind::Float).backward();
+        (y.detach(), grads(vs))
+    };
+
+    tch::manual_seed(1);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let m = Blocks {
+        blocks: (0..4).map(|i| shared_block(vs.root() / i)).collect(),
+    };
+    let (want_y, want) = run(&vs, &|x| m.plain(x, true));
+    for (what, f) in [
+        (
+            "segments = 3",
+            &(|x: &Tensor| m.segmented(x, true)) as &dyn Fn(&Tensor) -> Tensor,
+        ),
+        ("lock()", &|x: &Tensor| m.locked(x, true)),
+    ] {
+        zero_grads(&vs);
+        let (y, got) = run(&vs, f);
+        assert!(y.equal(&want_y), "{what}: output");
+        assert_same_grads(what, &want, &got);
+    }
+
+    // `model!` builds the same variables from the same seed.
+    tch::manual_seed(1);
+    let vs_model = nn::VarStore::new(Device::Cpu);
+    let model = GptBlocks::new(vs_model.root(), 4);
+    let (y, got) = run(&vs_model, &|x| model.forward_t(x, true));
+    assert!(y.equal(&want_y), "model!: output");
+    let strip = |g: Vec<(String, Tensor)>| -> Vec<(String, Tensor)> {
+        g.into_iter()
+            .map(|(k, v)| (k.trim_start_matches("blocks.").to_owned(), v))
+            .collect()
+    };
+    assert_same_grads("model!", &want, &strip(got));
+}
