@@ -3,7 +3,8 @@
 //! Each field is copied with `ShallowClone` when its type implements it (tensors, tch
 //! layers, other derived modules, numbers, `Vec`/`Option` of those) and with `Clone`
 //! otherwise (configuration structs), chosen at compile time by autoref specialization
-//! (`::ckpt::__private::{Dup, ViaShallowClone, ViaClone}`). Type parameters get a
+//! (`::ckpt::__private::{Dup, ViaShallowClone, ViaClone, ViaNeither}`); a field that is
+//! neither fails on `FieldCopy`, whose message names the field (its span) and the fix. Type parameters get a
 //! `ShallowClone` bound.
 
 use proc_macro2::TokenStream;
@@ -60,7 +61,7 @@ fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
         impl #impl_generics ::ckpt::__private::ShallowClone for #name #ty_generics #where_clause {
             fn shallow_clone(&self) -> Self {
                 #[allow(unused_imports)]
-                use ::ckpt::__private::{ViaClone as _, ViaShallowClone as _};
+                use ::ckpt::__private::{ViaClone as _, ViaNeither as _, ViaShallowClone as _};
                 #body
             }
         }
@@ -70,7 +71,7 @@ fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
 /// A pattern binding every field by reference, and the expression rebuilding the value
 /// from shallow clones of them.
 fn fields(path: TokenStream, fields: &Fields) -> (TokenStream, TokenStream) {
-    let dup = |binding: &syn::Ident, span| quote_spanned!(span=> (&::ckpt::__private::Dup(#binding)).__ckpt_dup());
+    let dup = |binding: &syn::Ident, span| quote_spanned!(span=> (&&&::ckpt::__private::Dup(#binding)).__ckpt_dup());
     match fields {
         Fields::Named(named) => {
             let names: Vec<_> = named
@@ -82,7 +83,7 @@ fn fields(path: TokenStream, fields: &Fields) -> (TokenStream, TokenStream) {
                 .named
                 .iter()
                 .zip(&names)
-                .map(|(f, n)| dup(n, f.ty.span()));
+                .map(|(f, n)| dup(n, f.span()));
             (
                 quote!(#path { #(#names),* }),
                 quote!(#path { #(#names: #values),* }),
@@ -96,7 +97,7 @@ fn fields(path: TokenStream, fields: &Fields) -> (TokenStream, TokenStream) {
                 .unnamed
                 .iter()
                 .zip(&names)
-                .map(|(f, n)| dup(n, f.ty.span()));
+                .map(|(f, n)| dup(n, f.span()));
             (quote!(#path( #(#names),* )), quote!(#path( #(#values),* )))
         }
         Fields::Unit => (path.clone(), path),

@@ -155,8 +155,9 @@ pub fn capture_opt<T: ShallowClone + Send + 'static>(value: Option<&T>) -> Optio
     value.map(capture)
 }
 
-/// Autoref specialization for `#[derive(ShallowClone)]`: `(&Dup(&field)).__ckpt_dup()`
-/// is a shallow clone when the field's type implements `ShallowClone`, else a `Clone`.
+/// Autoref specialization for `#[derive(ShallowClone)]`: `(&&&Dup(&field)).__ckpt_dup()`
+/// is a shallow clone when the field's type implements `ShallowClone`, else a `Clone`,
+/// else a compile error from [`FieldCopy`] that names the field and the fix.
 pub struct Dup<'a, T>(pub &'a T);
 
 /// Picked first, when `T: ShallowClone`.
@@ -165,13 +166,13 @@ pub trait ViaShallowClone<T> {
     fn __ckpt_dup(&self) -> T;
 }
 
-impl<T: ShallowClone> ViaShallowClone<T> for Dup<'_, T> {
+impl<T: ShallowClone> ViaShallowClone<T> for &&Dup<'_, T> {
     fn __ckpt_dup(&self) -> T {
         self.0.shallow_clone()
     }
 }
 
-/// Picked otherwise, when `T: Clone`.
+/// Picked next, when `T: Clone`.
 pub trait ViaClone<T> {
     /// The copy.
     fn __ckpt_dup(&self) -> T;
@@ -181,6 +182,37 @@ impl<T: Clone> ViaClone<T> for &Dup<'_, T> {
     fn __ckpt_dup(&self) -> T {
         self.0.clone()
     }
+}
+
+/// Picked last, when the field's type is neither: its bound [`FieldCopy`] fails with a
+/// message about the user's field.
+pub trait ViaNeither<T> {
+    /// The copy (never compiles: no type reaching here implements [`FieldCopy`]).
+    fn __ckpt_dup(&self) -> T
+    where
+        T: FieldCopy;
+}
+
+impl<T> ViaNeither<T> for Dup<'_, T> {
+    fn __ckpt_dup(&self) -> T
+    where
+        T: FieldCopy,
+    {
+        self.0.field_copy()
+    }
+}
+
+/// Implemented for no type: the bound whose failure reports a derived struct's field
+/// that is neither `ShallowClone` nor `Clone`.
+#[diagnostic::on_unimplemented(
+    message = "field of type `{Self}` is not `ckpt::ShallowClone` (nor `Clone`): a checkpointed segment cannot copy it",
+    label = "this field's type implements neither `ckpt::ShallowClone` nor `Clone`",
+    note = "wrap the field in `ckpt::Shared<{Self}>`: the segments share it through an `Arc`, and it implements `tch::nn::ModuleT` when `{Self}` does (closure-built modules: `nn::FuncT`, `nn::SequentialT`, `Box<dyn ModuleT>`)",
+    note = "or derive `ckpt::ShallowClone` for `{Self}` if it is your type, or implement `ckpt::ShallowClone` for it by hand"
+)]
+pub trait FieldCopy {
+    /// Unused.
+    fn field_copy(&self) -> Self;
 }
 
 #[cfg(test)]

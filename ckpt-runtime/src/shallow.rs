@@ -18,9 +18,10 @@ use tch::{Device, Kind, Tensor};
 /// Implemented for `Tensor`, `Option`, `Vec`, `Box`, arrays, tuples, numbers, `bool`,
 /// `String`, `Kind`, `Device`, `Arc`, [`Shared`], and tch's layers `nn::Linear`,
 /// `nn::Conv1D/2D/3D`, `nn::ConvTranspose1D/2D/3D`, `nn::LayerNorm`, `nn::GroupNorm`,
-/// `nn::BatchNorm`, `nn::Embedding`, `nn::LSTMState`, `nn::GRUState`. tch 0.26 keeps the
-/// weights of `nn::LSTM` / `nn::GRU` in a private field, so they cannot be shallow-cloned:
-/// wrap them in [`Shared`]. `#[derive(ShallowClone)]` implements it for your structs.
+/// `nn::BatchNorm`, `nn::Embedding`, `nn::GRU`, `nn::LSTM`, `nn::LSTMState`, `nn::GRUState`.
+/// `#[derive(ShallowClone)]` implements it for your structs. Closure-built modules
+/// (`nn::FuncT`, `nn::SequentialT`, `Box<dyn ModuleT>`) cannot be copied: wrap them in
+/// [`Shared`].
 #[diagnostic::on_unimplemented(
     message = "`{Self}` does not implement `ckpt::ShallowClone`",
     label = "a checkpointed segment captures this by shallow clone",
@@ -140,8 +141,9 @@ tuples! {
 ///
 /// Its [`ShallowClone`] is an `Arc` clone; access goes through a mutex (uncontended in
 /// practice: a segment runs once in forward and once in backward). It implements
-/// [`Module`] (hence `ModuleT`) when the inner type does; for anything else use
-/// [`Shared::lock`].
+/// `ModuleT` when the inner type does (`Module` types included; see the impl), so
+/// closure-built models (`nn::func_t`, `nn::seq_t`, `Box<dyn ModuleT>`) checkpoint
+/// through it unchanged; for anything else use [`Shared::lock`].
 ///
 /// ```
 /// # extern crate ckpt_runtime as ckpt;
@@ -172,8 +174,24 @@ impl<T> ShallowClone for Shared<T> {
     }
 }
 
-impl<T: Module> Module for Shared<T> {
-    fn forward(&self, xs: &Tensor) -> Tensor {
+/// `forward_t` of the inner module: a shared `nn::FuncT`, `nn::SequentialT`, `Box<dyn
+/// ModuleT>` or any `Module` (through tch's blanket `impl<T: Module> ModuleT for T`) is a
+/// `ModuleT`, so it goes into `checkpoint_sequential_t`, `model!` `#[train]` stages and
+/// `xs.apply_t(&shared, train)` as the module itself would.
+///
+/// `Shared<T>` does not also implement `Module` when `T: Module`: tch's blanket impl would
+/// then give it a second `ModuleT`, which Rust rejects. [`Shared::forward`] (inherent)
+/// keeps `shared.forward(&xs)` working; where a `Module` is required (`xs.apply`,
+/// `nn::seq().add`), use `xs.apply_t(&shared, false)` or `&*shared.lock()`.
+impl<T: nn::ModuleT> nn::ModuleT for Shared<T> {
+    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
+        nn::ModuleT::forward_t(&*self.lock(), xs, train)
+    }
+}
+
+impl<T: Module> Shared<T> {
+    /// `Module::forward` of the inner module.
+    pub fn forward(&self, xs: &Tensor) -> Tensor {
         self.lock().forward(xs)
     }
 }
@@ -383,4 +401,121 @@ fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
         i += 1;
     }
     None
+}
+
+/// The fields of tch 0.26.0's `nn::GRU` and `nn::LSTM`, in their order and of their types
+/// (both are `{ flat_weights: Vec<Tensor>, hidden_dim: i64, config: RNNConfig, device:
+/// Device }`, all private). tch offers neither `Clone` nor access to the weights, so the
+/// shallow clone reads the layer through this mirror. Two structs with the same field
+/// types in the same order get the same layout from rustc, but the language does not
+/// promise it: `transmute` checks the sizes at compile time, and [`rnn_layout_checked`]
+/// checks every field at run time on a probe layer built with distinctive values before
+/// the first clone, panicking (never reading a wrong layout) if they disagree.
+struct RnnFields {
+    flat_weights: Vec<Tensor>,
+    hidden_dim: i64,
+    config: nn::RNNConfig,
+    device: Device,
+}
+
+const _: fn() = || {
+    // Same size (also checked by `transmute` below) and alignment.
+    let _ = std::mem::transmute::<RnnFields, nn::GRU>;
+    let _ = std::mem::transmute::<RnnFields, nn::LSTM>;
+    assert!(std::mem::align_of::<RnnFields>() == std::mem::align_of::<nn::GRU>());
+    assert!(std::mem::align_of::<RnnFields>() == std::mem::align_of::<nn::LSTM>());
+};
+
+/// Whether [`RnnFields`] reads a GRU and an LSTM as tch built them: probe layers with a
+/// distinctive hidden size, layer count, dropout and flags (on a throwaway `VarStore`)
+/// are read through the mirror, and every field must come out as built, the weights with
+/// the shapes tch gives them (`[gates * hidden, in]` then `[gates * hidden, hidden]`,
+/// then the biases, per layer and direction).
+fn rnn_layout_checked() -> bool {
+    static CHECKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CHECKED.get_or_init(|| {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let config = nn::RNNConfig {
+            has_biases: true,
+            num_layers: 3,
+            dropout: 0.375,
+            train: false,
+            bidirectional: true,
+            batch_first: false,
+            ..Default::default()
+        };
+        let (input, hidden) = (5, 7);
+        let check = |fields: &RnnFields, gates: i64| {
+            let c = &fields.config;
+            fields.hidden_dim == hidden
+                && c.has_biases
+                && c.num_layers == 3
+                && c.dropout == 0.375
+                && !c.train
+                && c.bidirectional
+                && !c.batch_first
+                && fields.device == Device::Cpu
+                && fields.flat_weights.len() == 3 * 2 * 4
+                && fields.flat_weights[0].size() == [gates * hidden, input]
+                && fields.flat_weights[1].size() == [gates * hidden, hidden]
+                && fields.flat_weights[2].size() == [gates * hidden]
+        };
+        let gru = nn::gru(vs.root() / "gru", input, hidden, config);
+        let lstm = nn::lstm(vs.root() / "lstm", input, hidden, config);
+        // SAFETY: the sizes and alignments are equal (checked at compile time); the
+        // scalar fields are read first and the vector only when they all match, i.e.
+        // when the mirror's offsets are the layer's.
+        let scalars_ok = |f: *const RnnFields| unsafe {
+            let f = &*f;
+            f.hidden_dim == hidden && f.config.num_layers == 3 && f.config.dropout == 0.375
+        };
+        let gru_fields = (&gru as *const nn::GRU).cast::<RnnFields>();
+        let lstm_fields = (&lstm as *const nn::LSTM).cast::<RnnFields>();
+        if !(scalars_ok(gru_fields) && scalars_ok(lstm_fields)) {
+            return false;
+        }
+        // SAFETY: as above, the scalars matched.
+        let (gru_fields, lstm_fields) = unsafe { (&*gru_fields, &*lstm_fields) };
+        check(gru_fields, 3) && check(lstm_fields, 4)
+    })
+}
+
+/// The shallow clone of a GRU or LSTM read through [`RnnFields`].
+///
+/// # Safety
+///
+/// `R` must be `nn::GRU` or `nn::LSTM`.
+unsafe fn rnn_shallow_clone<R>(orig: &R, to_r: fn(RnnFields) -> R) -> R {
+    assert!(
+        rnn_layout_checked(),
+        "ckpt: the layout of tch's nn::GRU / nn::LSTM is not the one ckpt was written for (tch 0.26.0); wrap the layer in ckpt::Shared"
+    );
+    // SAFETY: `R` is a GRU or an LSTM, whose layout the mirror's was checked to be.
+    let fields = unsafe { &*(orig as *const R).cast::<RnnFields>() };
+    to_r(RnnFields {
+        flat_weights: fields
+            .flat_weights
+            .iter()
+            .map(Tensor::shallow_clone)
+            .collect(),
+        hidden_dim: fields.hidden_dim,
+        config: fields.config,
+        device: fields.device,
+    })
+}
+
+impl ShallowClone for nn::GRU {
+    /// Shares the weights (same tensors, same autograd identity); see [`RnnFields`].
+    fn shallow_clone(&self) -> Self {
+        // SAFETY: `Self` is `nn::GRU`; the transmute is of the mirror checked above.
+        unsafe { rnn_shallow_clone(self, |f| std::mem::transmute::<RnnFields, nn::GRU>(f)) }
+    }
+}
+
+impl ShallowClone for nn::LSTM {
+    /// Shares the weights (same tensors, same autograd identity); see [`RnnFields`].
+    fn shallow_clone(&self) -> Self {
+        // SAFETY: `Self` is `nn::LSTM`; the transmute is of the mirror checked above.
+        unsafe { rnn_shallow_clone(self, |f| std::mem::transmute::<RnnFields, nn::LSTM>(f)) }
+    }
 }

@@ -948,7 +948,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         // `ckpt::Shared`); `#[field]`s may be plain configuration values: `Clone` then.
         let value = if matches!(f.kind, FieldKind::Plain) {
             located_at(
-                quote!((&::ckpt::__private::Dup(&self.#ident)).__ckpt_dup()),
+                quote!((&&&::ckpt::__private::Dup(&self.#ident)).__ckpt_dup()),
                 span,
             )
         } else {
@@ -1005,7 +1005,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         impl #sc_impl ::ckpt::__private::ShallowClone for #ident #ty_g #sc_where {
             fn shallow_clone(&self) -> Self {
                 #[allow(unused_imports)]
-                use ::ckpt::__private::{ViaClone as _, ViaShallowClone as _};
+                use ::ckpt::__private::{ViaClone as _, ViaNeither as _, ViaShallowClone as _};
                 Self {
                     #(#sc_fields,)*
                     #(#sc_hidden,)*
