@@ -505,7 +505,8 @@ unsafe fn rnn_shallow_clone<R>(orig: &R, to_r: fn(RnnFields) -> R) -> R {
 }
 
 impl ShallowClone for nn::GRU {
-    /// Shares the weights (same tensors, same autograd identity); see [`RnnFields`].
+    /// Shares the weights (same tensors, same autograd identity), read through a mirror of
+    /// tch 0.26.0's private fields whose layout is checked at compile and run time.
     fn shallow_clone(&self) -> Self {
         // SAFETY: `Self` is `nn::GRU`; the transmute is of the mirror checked above.
         unsafe { rnn_shallow_clone(self, |f| std::mem::transmute::<RnnFields, nn::GRU>(f)) }
@@ -513,7 +514,8 @@ impl ShallowClone for nn::GRU {
 }
 
 impl ShallowClone for nn::LSTM {
-    /// Shares the weights (same tensors, same autograd identity); see [`RnnFields`].
+    /// Shares the weights (same tensors, same autograd identity), read through a mirror of
+    /// tch 0.26.0's private fields whose layout is checked at compile and run time.
     fn shallow_clone(&self) -> Self {
         // SAFETY: `Self` is `nn::LSTM`; the transmute is of the mirror checked above.
         unsafe { rnn_shallow_clone(self, |f| std::mem::transmute::<RnnFields, nn::LSTM>(f)) }
