@@ -137,7 +137,7 @@ tuples! {
 }
 
 /// A module shared by reference counting: the way to capture a module that cannot be
-/// shallow-cloned (tch's `nn::LSTM` / `nn::GRU`, `nn::Sequential`, a foreign type).
+/// shallow-cloned (closure-built `nn::FuncT`, `nn::SequentialT`, `nn::Sequential`, a foreign type).
 ///
 /// Its [`ShallowClone`] is an `Arc` clone; access goes through a mutex (uncontended in
 /// practice: a segment runs once in forward and once in backward). It implements
