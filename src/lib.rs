@@ -676,7 +676,7 @@ pub use ckpt_macros::ShallowClone;
 /// its cached plans), `new`, `Module` or `ModuleT`, the schedule methods above, [`ShallowClone`] (stages by
 /// `ShallowClone`, `#[field]`s by `ShallowClone` or else `Clone`) and `Debug` (the
 /// fields) — so do not derive `Debug` or `ShallowClone` yourself. Every stage's type must implement `ShallowClone`: wrap a layer that cannot
-/// (tch's `nn::LSTM`) in [`Shared`]. Hidden inherent methods `__ckpt_*` run the chain one
+/// (a closure-built `nn::FuncT` or `nn::SequentialT`) in [`Shared`]. Hidden inherent methods `__ckpt_*` run the chain one
 /// stage at a time.
 ///
 /// # Errors

@@ -207,7 +207,7 @@ impl<T> ViaNeither<T> for Dup<'_, T> {
 #[diagnostic::on_unimplemented(
     message = "field of type `{Self}` is not `ckpt::ShallowClone` (nor `Clone`): a checkpointed segment cannot copy it",
     label = "this field's type implements neither `ckpt::ShallowClone` nor `Clone`",
-    note = "wrap the field in `ckpt::Shared<{Self}>`: the segments share it through an `Arc`, and it implements `tch::nn::ModuleT` when `{Self}` does (closure-built modules: `nn::FuncT`, `nn::SequentialT`, `Box<dyn ModuleT>`)",
+    note = "wrap the field in `ckpt::Shared<{Self}>`: the segments share it through an `Arc`, and it implements `tch::nn::ModuleT` when `{Self}` does (closure-built modules: `nn::FuncT`, `nn::SequentialT`)",
     note = "or derive `ckpt::ShallowClone` for `{Self}` if it is your type, or implement `ckpt::ShallowClone` for it by hand"
 )]
 pub trait FieldCopy {

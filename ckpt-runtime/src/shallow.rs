@@ -137,7 +137,7 @@ tuples! {
 }
 
 /// A module shared by reference counting: the way to capture a module that cannot be
-/// shallow-cloned (tch's `nn::LSTM` / `nn::GRU`, `nn::Sequential`, a foreign type).
+/// shallow-cloned (closure-built `nn::FuncT`, `nn::SequentialT`, `nn::Sequential`, a foreign type).
 ///
 /// Its [`ShallowClone`] is an `Arc` clone; access goes through a mutex (uncontended in
 /// practice: a segment runs once in forward and once in backward). It implements
@@ -505,8 +505,8 @@ unsafe fn rnn_shallow_clone<R>(orig: &R, to_r: fn(RnnFields) -> R) -> R {
 }
 
 impl ShallowClone for nn::GRU {
-    /// Shares the weights (same tensors, same autograd identity), read through a
-    /// layout-checked mirror of tch 0.26's private fields.
+    /// Shares the weights (same tensors, same autograd identity), read through a mirror of
+    /// tch 0.26.0's private fields whose layout is checked at compile and run time.
     fn shallow_clone(&self) -> Self {
         // SAFETY: `Self` is `nn::GRU`; the transmute is of the mirror checked above.
         unsafe { rnn_shallow_clone(self, |f| std::mem::transmute::<RnnFields, nn::GRU>(f)) }
@@ -514,8 +514,8 @@ impl ShallowClone for nn::GRU {
 }
 
 impl ShallowClone for nn::LSTM {
-    /// Shares the weights (same tensors, same autograd identity), read through a
-    /// layout-checked mirror of tch 0.26's private fields.
+    /// Shares the weights (same tensors, same autograd identity), read through a mirror of
+    /// tch 0.26.0's private fields whose layout is checked at compile and run time.
     fn shallow_clone(&self) -> Self {
         // SAFETY: `Self` is `nn::LSTM`; the transmute is of the mirror checked above.
         unsafe { rnn_shallow_clone(self, |f| std::mem::transmute::<RnnFields, nn::LSTM>(f)) }

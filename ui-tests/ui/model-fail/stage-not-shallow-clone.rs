@@ -1,10 +1,10 @@
 //! Stages are shallow-cloned (one clone of the model per checkpointed call); a layer that
-//! cannot be goes in `ckpt::Shared`.
-use tch::nn::{self, RNN};
+//! cannot be (`nn::Sequential` keeps its layers as closures) goes in `ckpt::Shared`.
+use tch::nn::{self, Module};
 
 ckpt::model! {
     struct Net(p) {
-        lstm: nn::LSTM = nn::lstm(p, 4, 4, Default::default()) => |l, xs| l.seq(xs).0,
+        seq: nn::Sequential = nn::seq().add(nn::linear(p, 4, 4, Default::default())) => |l, xs| l.forward(xs),
     }
 }
 
