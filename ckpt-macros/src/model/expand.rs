@@ -862,7 +862,7 @@ fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
             .expect("a schedule gives at least one range");
         let mut #h = #t::shallow_clone(#xs);
         if !#ckpt.is_empty() {
-            let #shared = ::ckpt::__private::capture(self);
+            let (#options, #shared) = ::ckpt::__private::capture(#options, self);
             let #count = #ranges.len();
             for (#k, #range) in #ckpt.iter().enumerate() {
                 let #name = ::std::format!(
@@ -959,6 +959,14 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         };
         quote!(#ident: #value)
     });
+    let sc_visits = fields(model).map(|f| {
+        let ident = &f.ident;
+        if matches!(f.kind, FieldKind::Plain) {
+            quote!((&&::ckpt::__private::Visit(&self.#ident)).__ckpt_visit(__ckpt_f);)
+        } else {
+            quote!(::ckpt::__private::ShallowClone::visit_tensors(&self.#ident, __ckpt_f);)
+        }
+    });
     let sc_hidden = dropouts(model)
         .map(|(k, _)| {
             let f = dropout_field(k);
@@ -1010,6 +1018,12 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
                     #(#sc_fields,)*
                     #(#sc_hidden,)*
                 }
+            }
+
+            fn visit_tensors(&self, __ckpt_f: &mut dyn ::core::ops::FnMut(&::ckpt::__private::tch::Tensor)) {
+                #[allow(unused_imports)]
+                use ::ckpt::__private::{VisitOther as _, VisitShallowClone as _};
+                #(#sc_visits)*
             }
         }
 
