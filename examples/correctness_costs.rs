@@ -19,8 +19,17 @@
 //!    bytes its forward keeps: the generators are copied and compared in every forward
 //!    (on), and a snapshot is kept only when the segment drew.
 //!
+//! 4. Per step (item 7): what making captured parameters inputs of the checkpoint node
+//!    costs (the forward run watches its ops for the listed parameters; the recompute
+//!    redirects their accumulators): a training step with each segment's parameters
+//!    listed (`CheckpointOptions::parameters_of` / `parameters`) against the same step
+//!    with them unlisted, in alternating rounds, on the seed transformer (6 layers, 4
+//!    heads, d_model 256, ff 1024, dropout 0.1, seq 256, batch 16, one segment per layer)
+//!    and the ResNet-18 of item 2: median step time of each side with its spread, the
+//!    median of the per-round ratios, and each side's peak tensor bytes.
+//!
 //! `cargo run --release --example correctness_costs` (timings vary by machine; bytes are
-//! exact).
+//! exact). `-- --listing` runs only part 4.
 
 use std::time::Instant;
 
@@ -151,6 +160,17 @@ impl ResNet18 {
     }
 
     fn forward_t(&self, xs: &Tensor, train: bool, checkpointed: bool) -> Tensor {
+        self.forward_listing(xs, train, checkpointed, &[])
+    }
+
+    /// The forward with each checkpointed layer group listing `params`.
+    fn forward_listing(
+        &self,
+        xs: &Tensor,
+        train: bool,
+        checkpointed: bool,
+        params: &[Tensor],
+    ) -> Tensor {
         let mut xs = xs
             .apply(&self.conv1)
             .apply_t(&self.bn1, train)
@@ -159,7 +179,12 @@ impl ResNet18 {
         for layer in &self.layers {
             xs = if checkpointed {
                 let layer = layer.shallow_clone();
-                ckpt::checkpoint(move |x: Tensor| layer.lock().forward_t(&x, train), xs)
+                let opts = ckpt::CheckpointOptions::new().parameters(params);
+                ckpt::checkpoint_with(
+                    &opts,
+                    move |x: Tensor| layer.lock().forward_t(&x, train),
+                    xs,
+                )
             } else {
                 layer.lock().forward_t(&xs, train)
             };
@@ -229,8 +254,142 @@ fn segment_cost(preserve_rng_state: bool, draws: bool) {
     );
 }
 
+/// A post-norm transformer encoder layer of the seed model.
+#[derive(Debug, ShallowClone)]
+struct EncoderLayer {
+    qkv: nn::Linear,
+    out: nn::Linear,
+    ff1: nn::Linear,
+    ff2: nn::Linear,
+    ln1: nn::LayerNorm,
+    ln2: nn::LayerNorm,
+    heads: i64,
+}
+
+impl EncoderLayer {
+    fn new(p: &nn::Path, d: i64, heads: i64, ff: i64) -> Self {
+        let lin = |name: &str, i, o| nn::linear(p / name, i, o, Default::default());
+        EncoderLayer {
+            qkv: lin("qkv", d, 3 * d),
+            out: lin("out", d, d),
+            ff1: lin("ff1", d, ff),
+            ff2: lin("ff2", ff, d),
+            ln1: nn::layer_norm(p / "ln1", vec![d], Default::default()),
+            ln2: nn::layer_norm(p / "ln2", vec![d], Default::default()),
+            heads,
+        }
+    }
+
+    /// `[batch, seq, d]` to `[batch, seq, d]`, dropout 0.1 in training mode.
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        use tch::nn::Module;
+        let (b, t, d) = xs.size3().unwrap();
+        let h = self.heads;
+        let split = |x: Tensor| x.view([b, t, h, d / h]).transpose(1, 2);
+        let qkv = self.qkv.forward(xs).chunk(3, -1);
+        let (q, k, v) = (
+            split(qkv[0].shallow_clone()),
+            split(qkv[1].shallow_clone()),
+            split(qkv[2].shallow_clone()),
+        );
+        let att = (q.matmul(&k.transpose(-2, -1)) / ((d / h) as f64).sqrt())
+            .softmax(-1, Kind::Float)
+            .dropout(0.1, true);
+        let ctx = att.matmul(&v).transpose(1, 2).contiguous().view([b, t, d]);
+        let xs = self
+            .ln1
+            .forward(&(xs + self.out.forward(&ctx).dropout(0.1, true)));
+        let ff = self
+            .ff2
+            .forward(&self.ff1.forward(&xs).gelu("none"))
+            .dropout(0.1, true);
+        self.ln2.forward(&(xs + ff))
+    }
+}
+
+/// Median, first and third quartile of `v`.
+fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.25), at(0.75))
+}
+
+/// Alternating rounds of `step(listed)` (unlisted first in odd rounds, listed first in
+/// even ones): step times and peaks of each side, and the per-round ratios.
+fn listing_rounds(what: &str, rounds: usize, step: impl Fn(bool) -> i64) {
+    step(false); // .grad tensors, lazy initialisation
+    step(true);
+    let (mut times, mut peaks) = ([Vec::new(), Vec::new()], [0, 0]);
+    for r in 0..rounds {
+        let order = if r % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for listed in order {
+            let start = Instant::now();
+            peaks[listed as usize] = step(listed);
+            times[listed as usize].push(start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let ratios: Vec<f64> = times[1].iter().zip(&times[0]).map(|(l, u)| l / u).collect();
+    let [(u, u1, u3), (l, l1, l3)] = [quartiles(times[0].clone()), quartiles(times[1].clone())];
+    let (ratio, r1, r3) = quartiles(ratios);
+    println!(
+        "{what}, {rounds} alternating rounds: unlisted {u:.1} ms (IQR {u1:.1}-{u3:.1}), \
+         peak {} B; listed {l:.1} ms (IQR {l1:.1}-{l3:.1}), peak {} B; \
+         listed / unlisted per round {ratio:.3} (IQR {r1:.3}-{r3:.3})",
+        peaks[0], peaks[1]
+    );
+}
+
+fn listing_cost() {
+    tch::manual_seed(1);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let layers: Vec<EncoderLayer> = (0..6)
+        .map(|i| EncoderLayer::new(&(vs.root() / i), 256, 4, 1024))
+        .collect();
+    let x = Tensor::randn([16, 256, 256], (Kind::Float, Device::Cpu));
+    listing_rounds("seed transformer [16, 256, 256], 6 segments", 7, |listed| {
+        let ((), report) = ckpt::memory::measure(Device::Cpu, || {
+            let mut h = x.shallow_clone();
+            for layer in &layers {
+                let opts = ckpt::CheckpointOptions::new();
+                let opts = if listed {
+                    opts.parameters_of(layer)
+                } else {
+                    opts
+                };
+                let layer = layer.shallow_clone();
+                h = ckpt::checkpoint_with(&opts, move |x: Tensor| layer.forward(&x), h);
+            }
+            h.square().mean(Kind::Float).backward();
+        });
+        report.peak_above_baseline_bytes
+    });
+
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = ResNet18::new(&vs.root());
+    let params = vs.trainable_variables();
+    let x = Tensor::randn([8, 3, 64, 64], (Kind::Float, Device::Cpu));
+    listing_rounds("ResNet-18 [8, 3, 64, 64], 4 layer groups", 7, |listed| {
+        let ((), report) = ckpt::memory::measure(Device::Cpu, || {
+            let params: &[Tensor] = if listed { &params } else { &[] };
+            net.forward_listing(&x, true, true, params)
+                .square()
+                .mean(Kind::Float)
+                .backward();
+        });
+        report.peak_above_baseline_bytes
+    });
+}
+
 fn main() {
     tch::set_num_threads(1);
+    if std::env::args().any(|a| a == "--listing") {
+        listing_cost();
+        return;
+    }
     batch_norm_entry(&[2, 4, 2, 2], 20_000);
     batch_norm_entry(&[8, 64, 16, 16], 2_000);
     resnet_step(false);
@@ -238,4 +397,5 @@ fn main() {
     for (preserve, draws) in [(false, false), (true, false), (false, true), (true, true)] {
         segment_cost(preserve, draws);
     }
+    listing_cost();
 }

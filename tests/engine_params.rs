@@ -79,10 +79,22 @@ fn run_backward_returns_the_gradients_of_checkpointed_parameters() {
     assert_all_equal("run_backward through #[checkpointed]", &want, &got);
     // Nothing accumulated into .grad.
     assert!(ps.iter().all(|p| !p.grad().defined()));
-    // backward() as before.
+    // backward() as before: each segment accumulates its part as soon as it is complete,
+    // and the accumulator node runs once, after the last segment that used the
+    // parameter. A parameter used only inside segments is summed in plain's order; the
+    // shared layer, also used after the segments, gets its inline part added last
+    // instead of first (float addition: the last bits may differ).
     net.checkpointed(&x).backward();
     let grads: Vec<Tensor> = ps.iter().map(Tensor::grad).collect();
-    assert_all_equal("backward() through #[checkpointed]", &want, &grads);
+    assert_all_equal(
+        "backward() through #[checkpointed]",
+        &want[..4],
+        &grads[..4],
+    );
+    for (w, g) in want[4..].iter().zip(&grads[4..]) {
+        let scale = w.abs().max().double_value(&[]);
+        assert!(common::max_abs_diff(w, g) <= 1e-5 * scale, "shared layer");
+    }
 }
 
 #[test]

@@ -534,15 +534,15 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 
     auto& engine = torch::autograd::Engine::get_default_engine();
     if (accumulate) {
-      // loss.backward(): backpropagate through the recomputed graph. The listed
-      // parameters' gradients stop at their capture nodes; tensors the closure captured
-      // unlisted accumulate their .grad here, once per segment that uses them.
+      // loss.backward(): backpropagate through the recomputed graph. Parameters
+      // accumulate their .grad here, as soon as their gradient is complete within the
+      // segment (the listed ones through their capture nodes, csrc/params.cpp); their
+      // accumulator nodes run once per backward, after the node returns nothing for them.
       engine.execute(roots, root_grads, /*keep_graph=*/create_graph, create_graph,
                      /*accumulate_grad=*/true);
       for (size_t i = 0; i < detached.size(); ++i) {
         if (detached[i].requires_grad()) result[1 + i] = detached[i].grad();
       }
-      for (size_t j = 0; j < n_params; ++j) result[1 + detached.size() + j] = param_grads.grad(j);
     } else {
       // run_backward / autograd.grad with explicit inputs: nothing may accumulate into
       // .grad, so the gradients of the stash and of the listed parameters are captured.

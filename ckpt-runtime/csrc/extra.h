@@ -110,9 +110,6 @@ class ParamGrads {
   // Edges to the capture nodes, in parameter order (the outputs wanted from the engine when
   // nothing may accumulate).
   torch::autograd::edge_list edges() const;
-  // The gradient that reached parameter `i`'s capture node in a backward that ran it
-  // (undefined if none did).
-  at::Tensor grad(size_t i) const;
 
  private:
   std::vector<at::Tensor> params_;

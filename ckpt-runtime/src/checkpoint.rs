@@ -119,15 +119,18 @@ impl CheckpointOptions {
 
     /// Lists tensors the closure captures (parameters), adding to those listed before.
     ///
-    /// The leaves among them that require grad become inputs of the checkpoint node, as
-    /// the segment's inputs are: `Tensor::run_backward(&[loss], &[w], ..)` then returns
-    /// `w`'s gradient, and `w`'s gradient is accumulated once per backward with the sum
-    /// over every segment that lists it, as without checkpointing (gradient hooks and
-    /// `ckpt::dist`'s DDP see one accumulation; the values are the same either way). A
-    /// captured tensor that is not listed still gets its gradient from `backward()`, accumulated in
-    /// the recompute (once per segment that uses it), and `run_backward` cannot return
-    /// it: asking for it is an error when `ckpt` can tell (the tensor's accumulator
-    /// exists: it is used outside the segment too), an undefined gradient otherwise.
+    /// The leaves among them that require grad and that the segment's forward reads (its
+    /// ops are watched) become inputs of the checkpoint node, as the segment's inputs
+    /// are: `Tensor::run_backward(&[loss], &[w], ..)` then returns `w`'s gradient, and
+    /// `w`'s gradient accumulator node runs once per backward, after every segment that
+    /// used `w`, with the complete `.grad` (post-hooks such as `ckpt::dist`'s DDP Reducer
+    /// see one accumulation). In `backward()` each segment still adds its part to `.grad`
+    /// as soon as it is complete, so nothing is held longer than without listing. A
+    /// captured tensor that is not listed still gets its gradient from `backward()`, added
+    /// in the recompute, and its accumulator node runs once per segment that uses it;
+    /// `run_backward` cannot return it: asking for it is an error naming the segment when
+    /// libtorch runs the node (another requested input lies behind it) and the tensor's
+    /// accumulator exists, an undefined (or partial) gradient otherwise.
     ///
     /// `#[checkpointed]`, `model!` and [`checkpoint_sequential`](crate::checkpoint_sequential)
     /// list the tensors of the modules they capture through [`ShallowClone`] themselves.
@@ -244,10 +247,12 @@ pub fn live_segments() -> i64 {
 /// What is saved: the tensors of `input` (the *stash*), the closure, and (with
 /// `preserve_rng_state`, when `f` draws random numbers) the RNG state. What is not: the
 /// activations inside `f`, which backward recomputes by calling `f` again on the stash,
-/// with grad enabled, before backpropagating through the recomputed graph. Gradients reach the input tensors that
-/// require grad and the parameters `f` captured (for example a `ShallowClone` of a
-/// module), and equal those without checkpointing. The training loop is unchanged:
-/// `loss.backward()` and `nn::Optimizer` work as before.
+/// with grad enabled, before backpropagating through the recomputed graph. Gradients
+/// reach the input tensors that require grad and the parameters `f` captured (for
+/// example a `ShallowClone` of a module; list them with
+/// [`CheckpointOptions::parameters_of`] to make them inputs of the node), and equal those
+/// without checkpointing. The training loop is unchanged: `loss.backward()` and
+/// `nn::Optimizer` work as before.
 ///
 /// - `input` and the output are any [`Stash`] value: a tensor, tuples, `Vec`, arrays,
 ///   `Option`, and non-tensor values (carried, not differentiated). Integer outputs are
@@ -258,13 +263,14 @@ pub fn live_segments() -> i64 {
 /// - No input needs `requires_grad`: parameters inside `f` get their gradients anyway.
 /// - Under `tch::no_grad` it simply returns `f(input)` (a panic of `f` is then
 ///   [`f_checkpoint`]'s error all the same); nested checkpoints work.
-/// - `Tensor::run_backward(&[loss], &[x], ..)` with `x` an input of the segment works
-///   (only the stash's gradients are computed then). Gradients of tensors captured by
-///   `f` cannot be requested that way (they come back undefined); use `backward()`.
-///   Capture leaves (parameters, buffers) only: a captured tensor that was computed
-///   (`h = &x * 2`, requiring grad) is followed by `backward()`, but `run_backward`
-///   with respect to what it came from (`x`) misses that path without an error, since
-///   the node does not know its captures; pass such a tensor as an input instead.
+/// - `Tensor::run_backward(&[loss], &[x], ..)` with `x` an input of the segment works,
+///   and so it does with a parameter `f` captured when it is listed in the options
+///   ([`CheckpointOptions::parameters`]); a captured tensor that is not listed cannot be
+///   requested that way (see there); use `backward()`. Capture leaves (parameters,
+///   buffers) only: a captured tensor that was computed (`h = &x * 2`, requiring grad)
+///   is followed by `backward()`, but `run_backward` with respect to what it came from
+///   (`x`) misses that path without an error, since the node does not know its captures;
+///   pass such a tensor as an input instead.
 /// - Double backward (`create_graph = true`) differentiates through the recompute.
 /// - The inputs are kept until backward: changing one in place after this call makes
 ///   backward fail with an error naming the segment; an output that is an input returned

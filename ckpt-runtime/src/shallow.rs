@@ -34,10 +34,10 @@ pub trait ShallowClone {
     /// Calls `f` on every tensor `self` holds (weights, biases, buffers), so that a
     /// checkpoint can list them as inputs of its node
     /// ([`CheckpointOptions::parameters_of`](crate::CheckpointOptions::parameters_of)):
-    /// then `run_backward` returns their gradients and each is accumulated once per
-    /// backward. The default visits nothing (the tensors stay unseen: their gradients are
-    /// accumulated in the recompute, as for any captured tensor); the derive, the
-    /// implementations of this crate and `model!` visit every tensor.
+    /// then `run_backward` returns their gradients and each one's accumulator node runs
+    /// once per backward. The default visits nothing (the tensors stay unseen: their
+    /// gradients are accumulated in the recompute, as for any captured tensor); the
+    /// derive, the implementations of this crate and `model!` visit every tensor.
     fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor)) {
         let _ = f;
     }

@@ -959,13 +959,11 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         };
         quote!(#ident: #value)
     });
+    // Through the same dispatch as the derive: a field whose type is not `ShallowClone`
+    // is reported once, by the copy above.
     let sc_visits = fields(model).map(|f| {
         let ident = &f.ident;
-        if matches!(f.kind, FieldKind::Plain) {
-            quote!((&&::ckpt::__private::Visit(&self.#ident)).__ckpt_visit(__ckpt_f);)
-        } else {
-            quote!(::ckpt::__private::ShallowClone::visit_tensors(&self.#ident, __ckpt_f);)
-        }
+        quote!((&&::ckpt::__private::Visit(&self.#ident)).__ckpt_visit(__ckpt_f);)
     });
     let sc_hidden = dropouts(model)
         .map(|(k, _)| {

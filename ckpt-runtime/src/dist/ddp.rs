@@ -23,15 +23,18 @@ pub struct DdpOptions {
     /// when no rank used it.
     pub find_unused_parameters: bool,
     /// The Reducer's static-graph mode (PyTorch's `static_graph=True`), the default here
-    /// because it is what makes checkpointing correct: a checkpointed segment's
-    /// recompute runs its own backward inside the engine, so a parameter used by two
-    /// segments has its gradient-accumulation hook fire twice per backward. In static-graph
-    /// mode the Reducer counts the hooks of each parameter in the first step and marks
-    /// the parameter ready for all-reduce after its last one; that first step is reduced
-    /// at the end of backward by a callback queued on the outermost graph task (Python
-    /// DDP's `_DDPSink`). The set of parameters used, and how often, must then be the
-    /// same every step. With `false`, a parameter used by two segments is an error
-    /// ("Expected to mark a variable ready only once").
+    /// because it makes every checkpointed model correct. Parameters that `ckpt` sees
+    /// (captured through `ShallowClone` by the macros and `checkpoint_sequential*`, or
+    /// listed with `CheckpointOptions::parameters`) are inputs of the checkpoint node and
+    /// have their gradient-accumulation hook fire once per backward, which either mode
+    /// accepts; a tensor a closure captures unseen has it fire once per segment that uses
+    /// it, since the segment's recompute runs its own backward inside the engine. In
+    /// static-graph mode the Reducer counts the hooks of each parameter in the first step
+    /// and marks the parameter ready for all-reduce after its last one; that first step is
+    /// reduced at the end of backward by a callback queued on the outermost graph task
+    /// (Python DDP's `_DDPSink`). The set of parameters used, and how often, must then be
+    /// the same every step. With `false`, an unseen capture used by two segments is an
+    /// error ("Expected to mark a variable ready only once").
     pub static_graph: bool,
     /// Broadcast rank 0's buffers (the variables that do not require grad: batch norm's
     /// running statistics, frozen parameters) to every rank before each synchronized
