@@ -60,7 +60,7 @@ use std::time::Duration;
 use tch::Tensor;
 
 pub use ddp::{BucketLaunches, DdpOptions, DistributedDataParallel, NoSync};
-pub use launch::{LaunchResult, LocalLaunch, launch_local, relaunch_self};
+pub use launch::{LaunchResult, LocalLaunch, launch_local, relaunch_self, relaunch_self_from_args};
 pub use sampler::DistributedSampler;
 
 use crate::CkptError;
