@@ -220,10 +220,11 @@ struct Args {
     /// Write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
-    /// Train data-parallel on N processes of this machine (Gloo on CPU, 127.0.0.1),
-    /// each on its share of every global batch of --batch-size rows; rank 0 also trains
-    /// one process on the same global batches and reports the largest parameter
-    /// difference. Under torchrun (`RANK` set) every process is a rank whatever N.
+    /// Train data-parallel on N processes of this machine (127.0.0.1; Gloo on CPU, NCCL
+    /// on CUDA with the `nccl` feature, rank i on cuda:i), each on its share of every
+    /// global batch of --batch-size rows; rank 0 also trains one process on the same
+    /// global batches and reports the largest parameter difference. Under torchrun
+    /// (`RANK` set) every process is a rank whatever N.
     #[arg(long, default_value_t = 1)]
     nproc: usize,
 
@@ -353,6 +354,35 @@ impl Args {
     }
 }
 
+/// Joins the process group of a data-parallel run (the launcher's variables) and picks
+/// the rank's device: CPU ranks reduce with Gloo; CUDA ranks (`--device cuda`, or `auto`
+/// where NCCL can run) with NCCL, rank `LOCAL_RANK` on `cuda:LOCAL_RANK`, which needs
+/// ckpt's `nccl` feature.
+fn join_group(arg: DeviceArg) -> Result<(ckpt::dist::ProcessGroup, Device)> {
+    use ckpt::dist::Backend;
+    let mut opts = ckpt::dist::InitOptions::from_env()?;
+    let cuda = match arg {
+        DeviceArg::Cpu => false,
+        DeviceArg::Auto => Backend::Nccl.is_available(),
+        DeviceArg::Cuda(_) => true,
+    };
+    if cuda {
+        opts.backend = Backend::Nccl;
+    }
+    let pg = ckpt::dist::f_init(&opts).context(if cuda {
+        "joining the process group (NCCL: data-parallel runs on CUDA need ckpt's `nccl` \
+         feature, `--features nccl`; --device cpu trains with Gloo)"
+    } else {
+        "joining the process group"
+    })?;
+    let device = if cuda {
+        Device::Cuda(opts.local_rank)
+    } else {
+        Device::Cpu
+    };
+    Ok((pg, device))
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let sizes = args.sizes();
@@ -367,9 +397,12 @@ fn main() -> Result<()> {
         return Ok(());
     }
     // A rank of a data-parallel run when a launcher (ours or torchrun) set RANK.
-    let pg = match std::env::var_os("RANK") {
-        Some(_) => Some(ckpt::dist::f_init_from_env().context("joining the process group")?),
-        None => None,
+    let (pg, ddp_device) = match std::env::var_os("RANK") {
+        Some(_) => {
+            let (pg, device) = join_group(args.device)?;
+            (Some(pg), Some(device))
+        }
+        None => (None, None),
     };
     let (rank, world) = pg.as_ref().map_or((0, 1), |p| (p.rank(), p.world_size()));
     let lead = rank == 0;
@@ -389,11 +422,10 @@ fn main() -> Result<()> {
     if let Some(n) = args.threads {
         tch::set_num_threads(n);
     }
-    let device = args.device.resolve()?;
-    ensure!(
-        pg.is_none() || device == Device::Cpu,
-        "data-parallel runs use Gloo, on CPU tensors: pass --device cpu"
-    );
+    let device = match ddp_device {
+        Some(d) => d,
+        None => args.device.resolve()?,
+    };
 
     let task = match &args.data {
         None => {

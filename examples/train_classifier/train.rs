@@ -411,7 +411,7 @@ impl Run {
         self.opt.zero_grad();
         if let Sharding::Ddp(pg) = sharding {
             // The loss of the global batch: the mean of the ranks' (untimed).
-            let t = Tensor::from_slice(&[loss]);
+            let t = Tensor::from_slice(&[loss]).to_device(cfg.device);
             pg.f_all_reduce(&t, ReduceOp::Avg)?;
             loss = t.double_value(&[0]);
         }
@@ -451,7 +451,7 @@ impl Run {
             samples_per_second: r.rows_per_step as f64 / r.step_seconds_median,
         };
         r.ranks = match sharding {
-            Sharding::Ddp(pg) => gather_figures(pg, mine)?,
+            Sharding::Ddp(pg) => gather_figures(pg, mine, cfg.device)?,
             _ => vec![mine],
         };
         if !matches!(sharding, Sharding::Single) {
@@ -467,17 +467,23 @@ impl Run {
     }
 }
 
-/// Every rank's figures, by rank (an `all_gather` of three float64 values).
-fn gather_figures(pg: &ProcessGroup, mine: RankFigures) -> Result<Vec<RankFigures>> {
+/// Every rank's figures, by rank: an `all_gather` of three float64 values, on `device`
+/// (NCCL groups take CUDA tensors only).
+fn gather_figures(
+    pg: &ProcessGroup,
+    mine: RankFigures,
+    device: Device,
+) -> Result<Vec<RankFigures>> {
     let t = Tensor::from_slice(&[
         mine.peak_bytes as f64,
         mine.step_seconds_median,
         mine.samples_per_second,
-    ]);
+    ])
+    .to_device(device);
     pg.f_all_gather(&t)?
         .iter()
         .map(|t| {
-            let v = Vec::<f64>::try_from(t)?;
+            let v = Vec::<f64>::try_from(t.to_device(Device::Cpu))?;
             Ok(RankFigures {
                 peak_bytes: v[0] as i64,
                 step_seconds_median: v[1],
