@@ -416,3 +416,16 @@ fn nproc_2_trains_data_parallel_and_matches_one_process() {
         "{stdout}"
     );
 }
+
+/// A global batch that does not split evenly is refused before any worker starts.
+#[test]
+fn nproc_that_does_not_divide_the_batch_is_an_error() {
+    let out = run(&["--nproc", "3", "--batch-size", "8", "--device", "cpu"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("not a multiple of --nproc 3"),
+        "stderr:\n{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "no worker ran");
+}

@@ -227,6 +227,10 @@ struct Args {
     /// (`RANK` set) every process is a rank whatever N.
     #[arg(long, default_value_t = 1)]
     nproc: usize,
+    /// Data-parallel runs: skip rank 0's single-process reference (no parameter
+    /// difference then), for timing only.
+    #[arg(long)]
+    skip_reference: bool,
 
     /// Encoder blocks.
     #[arg(long, default_value_t = 6, help_heading = "Model")]
@@ -388,6 +392,12 @@ fn main() -> Result<()> {
     let sizes = args.sizes();
     args.check(&sizes)?;
     ensure!(args.nproc >= 1, "--nproc must be at least 1");
+    ensure!(
+        sizes.batch_size.is_multiple_of(args.nproc),
+        "--batch-size {} (the global batch) is not a multiple of --nproc {}",
+        sizes.batch_size,
+        args.nproc
+    );
     if let Some(result) = ckpt::dist::relaunch_self_from_args(args.nproc)? {
         ensure!(
             result.success(),
@@ -578,7 +588,7 @@ fn main() -> Result<()> {
     if !lead {
         return Ok(());
     }
-    if pg.is_some() {
+    if pg.is_some() && !args.skip_reference {
         // The reference: one process on the same global batches, the same masks.
         let reference = train::train(
             &plan,
@@ -608,7 +618,7 @@ fn main() -> Result<()> {
         .iter()
         .filter_map(|r| r.ddp_max_param_diff)
         .reduce(f64::max);
-    if let Some(d) = ddp_diff {
+    if pg.is_some() {
         println!();
         println!(
             "data-parallel, {world} ranks: peak MiB, step s and samples/s of each rank; \
@@ -616,7 +626,9 @@ fn main() -> Result<()> {
              process trained on the same global batches"
         );
         print!("{}", report::rank_table(&runs));
-        println!("largest |parameter difference| against one process: {d:e}");
+        if let Some(d) = ddp_diff {
+            println!("largest |parameter difference| against one process: {d:e}");
+        }
     }
 
     let (mut grad_diff, mut loss_diff) = (None, None);
