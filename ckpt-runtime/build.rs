@@ -3,7 +3,9 @@
 //! allocator, autocast state), `rng.cpp` (generator snapshots), `buffers.cpp` (batch
 //! norm statistics frozen in recomputes), `policy.cpp` (selective checkpointing),
 //! `params.cpp` (captured parameters as inputs of the node), and, as a library of its
-//! own with Gloo's headers, `dist.cpp` (the c10d binding of `ckpt::dist`).
+//! own with Gloo's headers, `dist.cpp` (the c10d binding of `ckpt::dist`). With the
+//! `nccl` feature `dist.cpp` also gets c10d's NCCL backend, which needs CUDA headers the
+//! libtorch wheel lacks (see [`cuda_includes`]).
 
 use std::env;
 use std::path::PathBuf;
@@ -70,9 +72,16 @@ fn main() {
         .flag("-Wextra")
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .define("GLOG_USE_GLOG_EXPORT", None)
-        .define("USE_C10D_GLOO", None)
-        .file("csrc/dist.cpp")
-        .compile("ckpt_dist");
+        .define("USE_C10D_GLOO", None);
+    let nccl = env::var_os("CARGO_FEATURE_NCCL").is_some();
+    if nccl {
+        for dir in cuda_includes(&lib) {
+            dist.flag("-isystem")
+                .flag(dir.to_str().expect("CUDA include path is UTF-8"));
+        }
+        dist.define("USE_C10D_NCCL", None);
+    }
+    dist.file("csrc/dist.cpp").compile("ckpt_dist");
     // Dependents (the `ckpt` facade) read this as DEP_CKPT_RUNTIME_LIBTORCH_LIB to set an rpath
     // for their own binaries, tests and examples.
     println!("cargo:libtorch_lib={}", lib.display());
@@ -83,4 +92,71 @@ fn main() {
     if lib.join("libtorch_cuda.so").exists() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
     }
+    if nccl {
+        // ProcessGroupNCCL lives in libtorch_cuda, its CUDA streams in libc10_cuda.
+        for name in ["torch_cuda", "c10_cuda"] {
+            assert!(
+                lib.join(format!("lib{name}.so")).exists(),
+                "the `nccl` feature needs a CUDA build of libtorch: {} has no lib{name}.so",
+                lib.display()
+            );
+        }
+        println!("cargo:rustc-link-search=native={}", lib.display());
+        println!("cargo:rustc-link-lib=dylib=torch_cuda");
+        println!("cargo:rustc-link-lib=dylib=c10_cuda");
+    }
+}
+
+/// Include folders for `ProcessGroupNCCL.hpp`: the CUDA runtime, `crt/`, CCCL and NCCL
+/// headers. `CKPT_CUDA_INCLUDE` (folders separated by `:`) wins; else `CUDA_HOME`'s
+/// `include`; else the `nvidia/*/include` folders beside the wheel's `torch/`: the wheel
+/// brings the runtime's (`nvidia-cuda-runtime`) and NCCL's (`nvidia-nccl`), and
+/// `scripts/setup.sh --nccl` adds `nvidia-cuda-crt` and `nvidia-cuda-cccl` of the CUDA
+/// version the wheel was built with.
+fn cuda_includes(lib: &std::path::Path) -> Vec<PathBuf> {
+    for var in ["CKPT_CUDA_INCLUDE", "CUDA_HOME"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    let mut dirs: Vec<PathBuf> = if let Some(v) = env::var_os("CKPT_CUDA_INCLUDE") {
+        env::split_paths(&v).collect()
+    } else if let Some(home) = env::var_os("CUDA_HOME") {
+        vec![PathBuf::from(home).join("include")]
+    } else {
+        // <site-packages>/torch/lib -> <site-packages>/nvidia/<package>/include
+        let site = std::fs::canonicalize(lib)
+            .ok()
+            .and_then(|l| l.parent()?.parent().map(|p| p.join("nvidia")));
+        let mut found: Vec<PathBuf> = site
+            .and_then(|n| std::fs::read_dir(n).ok())
+            .into_iter()
+            .flatten()
+            .filter_map(|e| Some(e.ok()?.path().join("include")))
+            .filter(|d| d.is_dir())
+            .collect();
+        found.sort();
+        found
+    };
+    // CUDA 13 keeps CCCL (cuda/std, thrust, cub) in include/cccl.
+    let cccl: Vec<PathBuf> = dirs
+        .iter()
+        .map(|d| d.join("cccl"))
+        .filter(|d| d.is_dir())
+        .collect();
+    dirs.extend(cccl);
+    for (header, what) in [
+        ("cuda_runtime_api.h", "the CUDA runtime headers"),
+        (
+            "crt/host_config.h",
+            "the CUDA crt headers (PyPI nvidia-cuda-crt)",
+        ),
+        ("nccl.h", "NCCL's header (PyPI nvidia-nccl)"),
+    ] {
+        assert!(
+            dirs.iter().any(|d| d.join(header).exists()),
+            "the `nccl` feature needs {what}: no {header} in {dirs:?}; run \
+             `scripts/setup.sh --nccl` (it installs the CUDA headers the libtorch wheel \
+             lacks), or set CKPT_CUDA_INCLUDE to the folders that hold them"
+        );
+    }
+    dirs
 }

@@ -11,7 +11,6 @@
 //! `global_batch / nproc` rows (a `DistributedSampler` share of a fixed pool of samples).
 //! Runs under `torchrun --no-python --nproc-per-node N` as well.
 
-use std::ffi::OsString;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -167,11 +166,7 @@ fn train(a: &Args, pg: Option<&ProcessGroup>, shards: usize) -> Result<(f64, i64
 
 fn main() -> Result<()> {
     let a = Args::parse();
-    let mut rest: Vec<OsString> = std::env::args_os().skip(1).collect();
-    if let Some(i) = rest.iter().position(|s| s == "--nproc") {
-        rest.drain(i..i + 2);
-    }
-    if let Some(result) = ckpt::dist::relaunch_self(a.nproc, rest)? {
+    if let Some(result) = ckpt::dist::relaunch_self_from_args(a.nproc)? {
         if !result.success() {
             bail!("a worker failed: {:?}", result.status);
         }

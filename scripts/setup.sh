@@ -11,7 +11,15 @@
 # `.cargo/config.toml` points cargo's LIBTORCH and LD_LIBRARY_PATH at `.libtorch`, so plain
 # `cargo` commands work in the checkout afterwards. Safe to run again; concurrent runs
 # wait for each other.
+#
+# `scripts/setup.sh --nccl` also installs what the `nccl` cargo feature needs beyond the
+# wheel: the CUDA crt and CCCL headers (PyPI `nvidia-cuda-crt`, `nvidia-cuda-cccl`) of
+# the CUDA version the wheel was built with, into the same venv (headers only, ~20 MB;
+# the wheel already brings the CUDA runtime's and NCCL's headers).
 set -euo pipefail
+
+want_nccl=0
+[ "${1:-}" = "--nccl" ] && want_nccl=1
 
 TORCH_VERSION=2.13.0
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,6 +33,8 @@ if [ -n "${LIBTORCH:-}" ]; then
         || die "LIBTORCH=$LIBTORCH has no lib/ and include/: point it at an unpacked libtorch $TORCH_VERSION or at a PyTorch $TORCH_VERSION installation's torch/ directory"
     ln -sfn "$LIBTORCH" "$link"
     say "using LIBTORCH=$LIBTORCH"
+    [ "$want_nccl" = 0 ] \
+        || say "--nccl: nothing installed with LIBTORCH set; point CUDA_HOME (or CKPT_CUDA_INCLUDE) at CUDA and NCCL headers of your libtorch's CUDA version"
     exit 0
 fi
 
@@ -55,4 +65,19 @@ dir="$(torch_dir)"
 if [ "$(readlink "$link" 2>/dev/null)" != "$dir" ]; then
     ln -sfn "$dir" "$link"
     say "libtorch $TORCH_VERSION: $dir"
+fi
+
+if [ "$want_nccl" = 1 ] && [ ! -f "$venv/.ckpt-nccl-headers" ]; then
+    (
+        flock 9
+        if [ ! -f "$venv/.ckpt-nccl-headers" ]; then
+            cuda="$(sed -n "s/^cuda: Optional\[str\] = '\(.*\)'$/\1/p" "$dir/version.py")"
+            [ -n "$cuda" ] || die "the wheel in $venv is not a CUDA build: the nccl feature needs one"
+            say "installing the CUDA $cuda crt and CCCL headers (nccl feature) into $venv"
+            "$venv/bin/python" -m pip install --disable-pip-version-check --no-deps \
+                "nvidia-cuda-crt==$cuda.*" "nvidia-cuda-cccl==$cuda.*" \
+                || die "pip install nvidia-cuda-crt nvidia-cuda-cccl ($cuda) failed"
+            touch "$venv/.ckpt-nccl-headers"
+        fi
+    ) 9>"$cache/.lock"
 fi

@@ -617,7 +617,9 @@ impl Report {
              - **Scaling** runs forward + backward only (no optimizer), `ckpt` alone, and fits \
              `peak ≈ c·L^a` by least squares on log-log.\n\
              - Time figures are noisy on a shared 2-core machine (each is a median); byte figures \
-             repeat exactly.\n",
+             repeat exactly.\n\
+             - **Data-parallel.** `bench/ddp_encoder.sh` compares `ckpt::dist`'s DDP with \
+             PyTorch's on the encoder (2 processes x 1 thread, Gloo): [DDP.md](DDP.md).\n",
             date = self.date,
             machine = self.machine,
             threads = self.threads,

@@ -17,6 +17,10 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#ifdef USE_C10D_NCCL
+// Only with the `nccl` cargo feature: needs the CUDA runtime, crt, cccl and NCCL headers.
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
@@ -302,6 +306,37 @@ int32_t ckpt_dist_pg_new_gloo(void* store, int32_t rank, int32_t world, const ch
     pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
     pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, backend);
     *out = new Group{pg, timeout};
+  });
+}
+
+// Whether this build has the NCCL backend (the `nccl` cargo feature).
+int32_t ckpt_dist_has_nccl() {
+#ifdef USE_C10D_NCCL
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+// An NCCL process group on CUDA tensors (Python's `init_process_group("nccl")`): the
+// caller has checked that CUDA is available. Without the `nccl` feature, an error.
+int32_t ckpt_dist_pg_new_nccl(void* store, int32_t rank, int32_t world, int64_t timeout_ms,
+                              void** out, void* err, ckpt_msg_fn set_err) {
+  return guarded(err, set_err, [&] {
+#ifdef USE_C10D_NCCL
+    auto s = static_cast<Store*>(store)->store;
+    auto timeout = std::chrono::milliseconds(timeout_ms);
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(s, rank, world, opts);
+    auto pg = c10::make_intrusive<c10d::ProcessGroup>(s, rank, world);
+    pg->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+    pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, backend);
+    *out = new Group{pg, timeout};
+#else
+    (void)store, (void)rank, (void)world, (void)timeout_ms, (void)out;
+    fail("the NCCL backend is not built in: build ckpt with the `nccl` feature");
+#endif
   });
 }
 

@@ -7,6 +7,8 @@
 //! cargo run --release --example train_classifier -- --sweep --quick     # segments 1..=layers, PNG + CSV
 //! cargo run --release --example train_classifier -- --data aclImdb      # IMDB-layout corpus
 //! cargo run --release --example train_classifier -- --device cuda --json out.json
+//! cargo run --release --example train_classifier -- --nproc 2  # data-parallel, 2 processes
+//! torchrun --no-python --nproc-per-node 2 target/release/examples/train_classifier
 //! ```
 //!
 //! Both runs start from the same seed: same weights, same batches, same dropout masks
@@ -14,8 +16,17 @@
 //! the same thread count their gradients and losses are bit-identical and the table
 //! shows only what checkpointing changes: peak tensor memory (exact bytes from
 //! `ckpt::memory`) and time. The runs take turns step by step (`--sequential` to train
-//! one after the other), so load from other processes slows both alike. Modules: [`listops`] and [`text`] make the data, [`model`]
-//! the network, [`train`] the runs and measurements, [`report`] the outputs.
+//! one after the other), so load from other processes slows both alike.
+//!
+//! Data-parallel (`--nproc N`, or under torchrun): every run trains on N processes
+//! (Gloo on CPU, `ckpt::dist::DistributedDataParallel`), each rank on its
+//! `DistributedSampler` share of every global batch of `--batch-size` rows; rank 0 then
+//! trains each run again as one process on the same global batches and reports the
+//! largest parameter difference, beside each rank's peak memory, step time and samples
+//! per second.
+//!
+//! Modules: [`listops`] and [`text`] make the data, [`model`] the network, [`train`] the
+//! runs and measurements, [`report`] the outputs.
 
 mod data;
 mod listops;
@@ -29,14 +40,14 @@ use std::str::FromStr;
 
 use anyhow::{Context, Result, ensure};
 use clap::{Parser, ValueEnum};
-use indicatif::MultiProgress;
+use indicatif::{MultiProgress, ProgressDrawTarget};
 use tch::Device;
 
 use crate::listops::ListOpsConfig;
 use crate::model::{ModelConfig, Strategy};
 use crate::report::{ConfigJson, Report, RunJson};
 use crate::text::VocabConfig;
-use crate::train::{RunSpec, Schedule, TrainConfig};
+use crate::train::{RunSpec, Schedule, Sharding, TrainConfig};
 
 // The data's padding id is the model's.
 const _: () = assert!(data::PAD == model::PAD);
@@ -209,6 +220,17 @@ struct Args {
     /// Write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Train data-parallel on N processes of this machine (127.0.0.1; Gloo on CPU, NCCL
+    /// on CUDA with the `nccl` feature, rank i on cuda:i), each on its share of every
+    /// global batch of --batch-size rows; rank 0 also trains one process on the same
+    /// global batches and reports the largest parameter difference. Under torchrun
+    /// (`RANK` set) every process is a rank whatever N.
+    #[arg(long, default_value_t = 1)]
+    nproc: usize,
+    /// Data-parallel runs: skip rank 0's single-process reference (no parameter
+    /// difference then), for timing only.
+    #[arg(long)]
+    skip_reference: bool,
 
     /// Encoder blocks.
     #[arg(long, default_value_t = 6, help_heading = "Model")]
@@ -336,16 +358,84 @@ impl Args {
     }
 }
 
+/// Joins the process group of a data-parallel run (the launcher's variables) and picks
+/// the rank's device: CPU ranks reduce with Gloo; CUDA ranks (`--device cuda`, or `auto`
+/// where NCCL can run) with NCCL, rank `LOCAL_RANK` on `cuda:LOCAL_RANK`, which needs
+/// ckpt's `nccl` feature.
+fn join_group(arg: DeviceArg) -> Result<(ckpt::dist::ProcessGroup, Device)> {
+    use ckpt::dist::Backend;
+    let mut opts = ckpt::dist::InitOptions::from_env()?;
+    let cuda = match arg {
+        DeviceArg::Cpu => false,
+        DeviceArg::Auto => Backend::Nccl.is_available(),
+        DeviceArg::Cuda(_) => true,
+    };
+    if cuda {
+        opts.backend = Backend::Nccl;
+    }
+    let pg = ckpt::dist::f_init(&opts).context(if cuda {
+        "joining the process group (NCCL: data-parallel runs on CUDA need ckpt's `nccl` \
+         feature, `--features nccl`; --device cpu trains with Gloo)"
+    } else {
+        "joining the process group"
+    })?;
+    let device = if cuda {
+        Device::Cuda(opts.local_rank)
+    } else {
+        Device::Cpu
+    };
+    Ok((pg, device))
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let sizes = args.sizes();
     args.check(&sizes)?;
+    ensure!(args.nproc >= 1, "--nproc must be at least 1");
+    ensure!(
+        sizes.batch_size.is_multiple_of(args.nproc),
+        "--batch-size {} (the global batch) is not a multiple of --nproc {}",
+        sizes.batch_size,
+        args.nproc
+    );
+    if let Some(result) = ckpt::dist::relaunch_self_from_args(args.nproc)? {
+        ensure!(
+            result.success(),
+            "a worker failed (exit status by rank: {:?})",
+            result.status
+        );
+        return Ok(());
+    }
+    // A rank of a data-parallel run when a launcher (ours or torchrun) set RANK.
+    let (pg, ddp_device) = match std::env::var_os("RANK") {
+        Some(_) => {
+            let (pg, device) = join_group(args.device)?;
+            (Some(pg), Some(device))
+        }
+        None => (None, None),
+    };
+    let (rank, world) = pg.as_ref().map_or((0, 1), |p| (p.rank(), p.world_size()));
+    let lead = rank == 0;
+    if pg.is_some() {
+        ensure!(
+            !args.sweep,
+            "--sweep runs in one process (no --nproc, no torchrun)"
+        );
+        ensure!(
+            sizes.batch_size.is_multiple_of(world),
+            "--batch-size {} (the global batch) is not a multiple of the {world} ranks",
+            sizes.batch_size
+        );
+    }
     // Count every tensor allocation from here on (parameters and optimizer state too).
     ckpt::memory::enable();
     if let Some(n) = args.threads {
         tch::set_num_threads(n);
     }
-    let device = args.device.resolve()?;
+    let device = match ddp_device {
+        Some(d) => d,
+        None => args.device.resolve()?,
+    };
 
     let task = match &args.data {
         None => {
@@ -403,36 +493,44 @@ fn main() -> Result<()> {
         device,
     };
 
-    println!("task:   {}", task.description);
-    println!(
-        "data:   {} train / {} test examples, {} classes, seq {} ({:.0}% real tokens), batch {}, \
-         {} epoch(s) = {steps} steps a run",
-        task.train.len(),
-        task.test.len(),
-        task.classes.len(),
-        sizes.seq_len,
-        task.train.fill() * 100.0,
-        sizes.batch_size,
-        sizes.epochs,
-    );
-    println!(
-        "model:  {} layers, {} heads, d_model {}, ff {}, dropout {}, pre-LN, learned positions, \
-         mean pooling; AdamW lr {} wd {}, {} warm-up steps",
-        args.layers,
-        args.heads,
-        args.d_model,
-        args.ff,
-        args.dropout,
-        args.lr,
-        args.weight_decay,
-        train_cfg.warmup
-    );
-    println!(
-        "device: {} ({} threads), seed {}",
-        device_name(device),
-        tch::get_num_threads(),
-        args.seed
-    );
+    if lead {
+        println!("task:   {}", task.description);
+        println!(
+            "data:   {} train / {} test examples, {} classes, seq {} ({:.0}% real tokens), batch {}, \
+             {} epoch(s) = {steps} steps a run",
+            task.train.len(),
+            task.test.len(),
+            task.classes.len(),
+            sizes.seq_len,
+            task.train.fill() * 100.0,
+            sizes.batch_size,
+            sizes.epochs,
+        );
+        println!(
+            "model:  {} layers, {} heads, d_model {}, ff {}, dropout {}, pre-LN, learned positions, \
+             mean pooling; AdamW lr {} wd {}, {} warm-up steps",
+            args.layers,
+            args.heads,
+            args.d_model,
+            args.ff,
+            args.dropout,
+            args.lr,
+            args.weight_decay,
+            train_cfg.warmup
+        );
+        println!(
+            "device: {} ({} threads), seed {}",
+            device_name(device),
+            tch::get_num_threads(),
+            args.seed
+        );
+        if world > 1 {
+            println!(
+                "data-parallel: {world} processes (Gloo), {} rows a rank a step",
+                sizes.batch_size / world
+            );
+        }
+    }
 
     let policies: Vec<ckpt::Policy> = args.policy.iter().map(|p| p.policy()).collect();
     ensure!(
@@ -478,8 +576,37 @@ fn main() -> Result<()> {
     } else {
         Schedule::Interleaved
     };
-    let bars = MultiProgress::new();
-    let runs = train::train(&plan, &task, &model_cfg, &train_cfg, schedule, &bars)?;
+    let bars = if lead {
+        MultiProgress::new()
+    } else {
+        MultiProgress::with_draw_target(ProgressDrawTarget::hidden())
+    };
+    let sharding = pg.as_ref().map_or(Sharding::Single, Sharding::Ddp);
+    let mut runs = train::train(
+        &plan, &task, &model_cfg, &train_cfg, schedule, &bars, sharding,
+    )?;
+    if !lead {
+        return Ok(());
+    }
+    if pg.is_some() && !args.skip_reference {
+        // The reference: one process on the same global batches, the same masks.
+        let reference = train::train(
+            &plan,
+            &task,
+            &model_cfg,
+            &train_cfg,
+            schedule,
+            &bars,
+            Sharding::Reference(world),
+        )
+        .context("the single-process reference")?;
+        for (run, single) in runs.iter_mut().zip(&reference) {
+            run.ddp_max_param_diff = Some(train::max_abs_diff(
+                &run.final_params,
+                &single.final_params,
+            )?);
+        }
+    }
 
     println!();
     println!(
@@ -487,6 +614,22 @@ fn main() -> Result<()> {
          the bytes live before it, from ckpt::memory (exact); step s: median wall time"
     );
     print!("{}", report::table(&runs));
+    let ddp_diff = runs
+        .iter()
+        .filter_map(|r| r.ddp_max_param_diff)
+        .reduce(f64::max);
+    if pg.is_some() {
+        println!();
+        println!(
+            "data-parallel, {world} ranks: peak MiB, step s and samples/s of each rank; \
+             max param diff: largest |parameter difference| after training against one \
+             process trained on the same global batches"
+        );
+        print!("{}", report::rank_table(&runs));
+        if let Some(d) = ddp_diff {
+            println!("largest |parameter difference| against one process: {d:e}");
+        }
+    }
 
     let (mut grad_diff, mut loss_diff) = (None, None);
     if runs.len() > 1 {
@@ -560,6 +703,8 @@ fn main() -> Result<()> {
                 Schedule::Sequential => "sequential",
             }
             .to_owned(),
+            world_size: world,
+            ddp_max_param_diff: ddp_diff,
         };
         report::write_json(path, &doc)?;
         println!("json:  {}", path.display());

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, anyhow};
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::train::{MIB, RunResult};
+use crate::train::{MIB, RankFigures, RunResult};
 
 /// The `--json` document. The fields of the issue keep their names and units (bytes,
 /// seconds, fractions 0..1); the rest are additions.
@@ -32,6 +32,12 @@ pub struct Report {
     pub reference_run: String,
     /// `interleaved` (the runs take turns step by step) or `sequential`.
     pub schedule: String,
+    /// Processes that trained each run together (1: no data parallelism).
+    pub world_size: usize,
+    /// Data-parallel runs: the largest absolute difference of any parameter after
+    /// training between a run and one process trained on the same global batches, over
+    /// all runs (`null` for a single process).
+    pub ddp_max_param_diff: Option<f64>,
 }
 
 /// `config` of [`Report`].
@@ -105,6 +111,34 @@ pub struct RunJson {
     pub losses: Vec<f64>,
     /// Wall time of every step, seconds.
     pub step_seconds: Vec<f64>,
+    /// Rows a step of one rank (the global batch for a single process).
+    pub rows_per_step: usize,
+    /// Figures of each rank, by rank (one entry for a single process).
+    pub ranks: Vec<RankJson>,
+    /// This data-parallel run's largest parameter difference against its
+    /// single-process reference (`null` for a single process).
+    pub ddp_max_param_diff: Option<f64>,
+}
+
+/// One rank in [`RunJson::ranks`].
+#[derive(Debug, Serialize)]
+pub struct RankJson {
+    /// Peak tensor bytes above the pre-step baseline of a steady step, on this rank.
+    pub peak_bytes: i64,
+    /// Median step wall time on this rank, seconds.
+    pub step_seconds_median: f64,
+    /// This rank's rows a step over its median step time.
+    pub samples_per_second: f64,
+}
+
+impl From<&RankFigures> for RankJson {
+    fn from(f: &RankFigures) -> Self {
+        RankJson {
+            peak_bytes: f.peak_bytes,
+            step_seconds_median: f.step_seconds_median,
+            samples_per_second: f.samples_per_second,
+        }
+    }
 }
 
 /// Overhead (%) and memory reduction (%) of `run` against `reference`.
@@ -133,6 +167,9 @@ impl RunJson {
             memory_reduction_pct,
             losses: run.losses.clone(),
             step_seconds: run.step_seconds.clone(),
+            rows_per_step: run.rows_per_step,
+            ranks: run.ranks.iter().map(RankJson::from).collect(),
+            ddp_max_param_diff: run.ddp_max_param_diff,
         }
     }
 }
@@ -190,6 +227,54 @@ pub fn table(runs: &[RunResult]) -> String {
             saved,
             r.test_accuracy,
             r.final_loss()
+        );
+    }
+    out
+}
+
+/// The per-rank table of data-parallel runs: each rank's peak memory, median step time
+/// and samples per second, the group's samples per second (the global batch over the
+/// slowest rank's median step), and the largest parameter difference against one
+/// process trained on the same global batches.
+pub fn rank_table(runs: &[RunResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<14} {:>5} {:>10} {:>12} {:>10} {:>16}",
+        "run", "rank", "peak MiB", "step s (med)", "samples/s", "max param diff"
+    );
+    for r in runs {
+        for (rank, f) in r.ranks.iter().enumerate() {
+            let diff = match (rank, r.ddp_max_param_diff) {
+                (0, Some(d)) => format!("{d:.3e}"),
+                _ => "-".to_owned(),
+            };
+            let _ = writeln!(
+                out,
+                "{:<14} {:>5} {:>10.1} {:>12.3} {:>10.1} {:>16}",
+                r.name,
+                rank,
+                f.peak_bytes as f64 / MIB,
+                f.step_seconds_median,
+                f.samples_per_second,
+                diff
+            );
+        }
+        let slowest = r
+            .ranks
+            .iter()
+            .map(|f| f.step_seconds_median)
+            .fold(0.0, f64::max);
+        let global = (r.rows_per_step * r.ranks.len()) as f64;
+        let _ = writeln!(
+            out,
+            "{:<14} {:>5} {:>10} {:>12.3} {:>10.1} {:>16}",
+            r.name,
+            "all",
+            "",
+            slowest,
+            global / slowest,
+            ""
         );
     }
     out

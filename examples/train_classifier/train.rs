@@ -15,15 +15,25 @@
 //! seed and the step number, so every run draws the same dropout masks at the same step
 //! whether the runs are interleaved or not. Within a step, a checkpointed segment's
 //! recompute replays its forward's masks through `preserve_rng_state`.
+//!
+//! Data-parallel runs ([`Sharding::Ddp`]): each rank trains on its
+//! `ckpt::dist::DistributedSampler` share of every global batch (`batch_size / world_size`
+//! rows) under `ckpt::dist::DistributedDataParallel`, which averages the gradients over
+//! the ranks during backward. A rank's dropout seed also depends on its rank, so the
+//! reference ([`Sharding::Reference`]), one process that trains on the shares of every
+//! rank in turn and accumulates `loss / world_size`, draws the very same masks: it
+//! computes the same global-batch gradient as the ranks together, up to the order of
+//! float32 sums.
 
 use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
+use ckpt::dist::{DdpOptions, DistributedDataParallel, DistributedSampler, ProcessGroup, ReduceOp};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tch::nn::{self, ModuleT, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
-use crate::data::Task;
+use crate::data::{Dataset, Task};
 use crate::model::{Classifier, ModelConfig, Strategy};
 
 /// Optimisation settings, the same for every run.
@@ -48,6 +58,98 @@ pub struct TrainConfig {
 /// One run to make: its name, how the blocks are cut, and what the checkpointed
 /// segments keep from their forward.
 pub type RunSpec = (String, Strategy, ckpt::Policy);
+
+/// How a run's global batches (`batch_size` rows a step) are split between processes.
+#[derive(Debug, Clone, Copy)]
+pub enum Sharding<'a> {
+    /// This process trains on whole batches (`Dataset::shuffled_batches`).
+    Single,
+    /// This process is one rank of a data-parallel run: its `DistributedSampler` share
+    /// of each global batch, gradients averaged over the group by DDP.
+    Ddp(&'a ProcessGroup),
+    /// One process trains on the shares of all `world_size` ranks of a data-parallel run
+    /// in turn, accumulating the gradients of `loss / world_size`: the same global batches
+    /// and dropout masks as the ranks together, without DDP (their reference).
+    Reference(usize),
+}
+
+impl Sharding<'_> {
+    fn world_size(self) -> usize {
+        match self {
+            Sharding::Single => 1,
+            Sharding::Ddp(pg) => pg.world_size(),
+            Sharding::Reference(world) => world,
+        }
+    }
+
+    /// The ranks whose shares this process trains on.
+    fn ranks(self) -> Vec<usize> {
+        match self {
+            Sharding::Single => vec![0],
+            Sharding::Ddp(pg) => vec![pg.rank()],
+            Sharding::Reference(world) => (0..world).collect(),
+        }
+    }
+}
+
+/// One step's shares of the global batch that this process trains on: `(rank, row
+/// indices)` each.
+pub type StepShares = Vec<(usize, Vec<usize>)>;
+
+/// The steps of `epoch`: for each, `(rank, row indices)` of the shares this process
+/// trains on. Data-parallel shares come from a `DistributedSampler` per rank (seeded by
+/// `cfg.seed`, reshuffled by the epoch, tail padded), cut into `batch_size / world_size`
+/// rows a step; the last incomplete step is dropped, as `shuffled_batches` does.
+///
+/// # Errors
+///
+/// When `batch_size` is not a multiple of the world size.
+pub fn epoch_steps(
+    data: &Dataset,
+    cfg: &TrainConfig,
+    sharding: Sharding,
+    epoch: usize,
+) -> Result<Vec<StepShares>> {
+    if let Sharding::Single = sharding {
+        let order = cfg.seed.wrapping_mul(1_000_003).wrapping_add(epoch as u64);
+        return Ok(data
+            .shuffled_batches(cfg.batch_size, order)
+            .into_iter()
+            .map(|b| vec![(0, b)])
+            .collect());
+    }
+    let world = sharding.world_size();
+    ensure!(
+        cfg.batch_size.is_multiple_of(world),
+        "--batch-size {} (the global batch) is not a multiple of the {world} ranks",
+        cfg.batch_size
+    );
+    let per_rank = cfg.batch_size / world;
+    let shares: Vec<(usize, Vec<usize>)> = sharding
+        .ranks()
+        .into_iter()
+        .map(|rank| {
+            let mut sampler = DistributedSampler::f_new(data.len(), world, rank)?.seed(cfg.seed);
+            sampler.set_epoch(epoch as u64);
+            Ok((rank, sampler.indices()))
+        })
+        .collect::<Result<_>>()?;
+    let steps = shares[0].1.len() / per_rank;
+    Ok((0..steps)
+        .map(|s| {
+            shares
+                .iter()
+                .map(|(rank, idx)| (*rank, idx[s * per_rank..(s + 1) * per_rank].to_vec()))
+                .collect()
+        })
+        .collect())
+}
+
+/// The dropout seed of `rank`'s share at `step` (from 0): every run, and the reference
+/// of a data-parallel run, draws the same masks for the same share.
+fn dropout_seed(seed: u64, step: usize, rank: usize) -> i64 {
+    (seed as i64).wrapping_mul(1_000_003) ^ (step as i64 + 1) ^ ((rank as i64) << 40)
+}
 
 /// The name of `policy` in the table and the JSON.
 pub fn policy_name(policy: ckpt::Policy) -> &'static str {
@@ -93,6 +195,27 @@ pub struct RunResult {
     /// Gradients after the first backward, by variable name (copied to host memory,
     /// outside the tensor count).
     pub first_grads: Vec<(String, Vec<f32>)>,
+    /// Rows a step of this process (the rank's share under DDP).
+    pub rows_per_step: usize,
+    /// Figures of every rank, by rank (one entry for a single process).
+    pub ranks: Vec<RankFigures>,
+    /// The parameters after training, by variable name, for a data-parallel run and its
+    /// reference (empty otherwise).
+    pub final_params: Vec<(String, Vec<f32>)>,
+    /// Largest absolute difference between this data-parallel run's parameters after
+    /// training and its single-process reference's (`None` unless computed).
+    pub ddp_max_param_diff: Option<f64>,
+}
+
+/// What one rank measured in a run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RankFigures {
+    /// Peak tensor bytes above the step's baseline (as [`RunResult::peak_bytes`]).
+    pub peak_bytes: i64,
+    /// Median step wall time, seconds.
+    pub step_seconds_median: f64,
+    /// The rank's rows a step over its median step time.
+    pub samples_per_second: f64,
 }
 
 impl RunResult {
@@ -123,15 +246,19 @@ fn synchronize(device: Device) {
     }
 }
 
-fn grads_of(vs: &nn::VarStore) -> Result<Vec<(String, Vec<f32>)>> {
+/// `what` of every variable (its gradient, or itself) in host memory, by name; an
+/// undefined tensor is empty.
+fn host_copy(
+    vs: &nn::VarStore,
+    what: impl Fn(&Tensor) -> Tensor,
+) -> Result<Vec<(String, Vec<f32>)>> {
     let mut vars: Vec<(String, tch::Tensor)> = vs.variables().into_iter().collect();
     vars.sort_by(|a, b| a.0.cmp(&b.0));
     vars.into_iter()
         .map(|(name, v)| {
-            let g = v.grad();
-            let values = if g.defined() {
-                Vec::<f32>::try_from(g.flatten(0, -1))
-                    .with_context(|| format!("reading the gradient of {name}"))?
+            let t = what(&v);
+            let values = if t.defined() {
+                Vec::<f32>::try_from(t.flatten(0, -1)).with_context(|| format!("reading {name}"))?
             } else {
                 Vec::new()
             };
@@ -156,19 +283,23 @@ struct Run {
     vs: nn::VarStore,
     model: Classifier,
     opt: nn::Optimizer,
+    /// Under [`Sharding::Ddp`]: the model's gradient reducer.
+    ddp: Option<DistributedDataParallel>,
     bar: ProgressBar,
     result: RunResult,
     epoch_seconds: Vec<f64>,
 }
 
 impl Run {
-    /// A fresh model whose weights come from `cfg.seed` (the same for every run).
+    /// A fresh model whose weights come from `cfg.seed` (the same for every run, and
+    /// broadcast from rank 0 under DDP).
+    #[allow(clippy::too_many_arguments)]
     fn new(
         name: &str,
         model_cfg: &ModelConfig,
         cfg: &TrainConfig,
-        strategy: Strategy,
-        policy: ckpt::Policy,
+        (strategy, policy): (Strategy, ckpt::Policy),
+        sharding: Sharding,
         steps: usize,
         bars: &MultiProgress,
     ) -> Result<Self> {
@@ -177,6 +308,14 @@ impl Run {
         let mut model = Classifier::new(vs.root(), model_cfg);
         strategy.apply(&mut model, model_cfg.layers)?;
         model.set_policy(policy);
+        let ddp = match sharding {
+            Sharding::Ddp(pg) => Some(DistributedDataParallel::f_new(
+                pg,
+                &vs,
+                DdpOptions::default(),
+            )?),
+            _ => None,
+        };
         let opt = nn::AdamW {
             wd: cfg.weight_decay,
             ..Default::default()
@@ -195,6 +334,7 @@ impl Run {
             vs,
             model,
             opt,
+            ddp,
             bar,
             result: RunResult {
                 name: name.to_owned(),
@@ -212,38 +352,69 @@ impl Run {
                 test_accuracy: 0.0,
                 losses: Vec::new(),
                 first_grads: Vec::new(),
+                rows_per_step: cfg.batch_size / sharding.world_size() * sharding.ranks().len(),
+                ranks: Vec::new(),
+                final_params: Vec::new(),
+                ddp_max_param_diff: None,
             },
             epoch_seconds: Vec::new(),
         })
     }
 
-    /// One training step on `(xs, ys)`; `step` (from 0) seeds the dropout masks.
-    fn step(&mut self, xs: &Tensor, ys: &Tensor, step: usize, cfg: &TrainConfig) -> Result<()> {
+    /// One training step on `shares`, `(rank, inputs, labels)` each: the mean loss of
+    /// each share, divided by the number of shares when there are several, backward
+    /// (under DDP, through its reducer), and an AdamW step. `step` (from 0) and the
+    /// share's rank seed the dropout masks.
+    fn step(
+        &mut self,
+        shares: &[(usize, Tensor, Tensor)],
+        step: usize,
+        cfg: &TrainConfig,
+        sharding: Sharding,
+    ) -> Result<()> {
         let first = self.result.losses.is_empty();
-        // Every run draws the same dropout masks at the same step, whatever ran before.
-        tch::manual_seed((cfg.seed as i64).wrapping_mul(1_000_003) ^ (step as i64 + 1));
         self.opt
             .set_lr(cfg.lr * ((step + 1) as f64 / cfg.warmup.max(1) as f64).min(1.0));
         self.opt.zero_grad();
         synchronize(cfg.device);
         let start = Instant::now();
+        let n = shares.len();
         let (out, report) = ckpt::memory::f_measure(cfg.device, || -> Result<_> {
-            let loss = self.model.forward_t(xs, true).cross_entropy_for_logits(ys);
-            loss.f_backward()?;
+            let mut total = 0.0;
+            for (rank, xs, ys) in shares {
+                // Every run draws the same dropout masks for the same share, whatever
+                // ran before.
+                tch::manual_seed(dropout_seed(cfg.seed, step, *rank));
+                let forward = || self.model.forward_t(xs, true);
+                let logits = match &self.ddp {
+                    Some(ddp) => ddp.f_forward(forward)?,
+                    None => forward(),
+                };
+                let loss = logits.cross_entropy_for_logits(ys);
+                let loss = if n > 1 { loss / n as f64 } else { loss };
+                loss.f_backward()?;
+                total += f64::try_from(&loss)?;
+            }
             let grads = if first {
-                grads_of(&self.vs)?
+                host_copy(&self.vs, Tensor::grad)?
             } else {
                 Vec::new()
             };
             self.opt.step();
-            Ok((f64::try_from(&loss)?, grads))
+            Ok((total, grads))
         })?;
-        let (loss, grads) = out?;
+        let (mut loss, grads) = out?;
         synchronize(cfg.device);
         let seconds = start.elapsed().as_secs_f64();
         // Free the gradients now, so that the other runs' steps start from the same
         // kind of baseline (parameters, optimizer state, batch).
         self.opt.zero_grad();
+        if let Sharding::Ddp(pg) = sharding {
+            // The loss of the global batch: the mean of the ranks' (untimed).
+            let t = Tensor::from_slice(&[loss]).to_device(cfg.device);
+            pg.f_all_reduce(&t, ReduceOp::Avg)?;
+            loss = t.double_value(&[0]);
+        }
 
         let r = &mut self.result;
         r.step_seconds.push(seconds);
@@ -266,7 +437,7 @@ impl Run {
         Ok(())
     }
 
-    fn finish(mut self, task: &Task, cfg: &TrainConfig) -> RunResult {
+    fn finish(mut self, task: &Task, cfg: &TrainConfig, sharding: Sharding) -> Result<RunResult> {
         let r = &mut self.result;
         if r.losses.len() == 1 {
             r.peak_bytes = r.first_step_peak_bytes;
@@ -274,26 +445,66 @@ impl Run {
         r.step_seconds_median = median(&r.step_seconds);
         r.epoch_seconds =
             self.epoch_seconds.iter().sum::<f64>() / self.epoch_seconds.len().max(1) as f64;
+        let mine = RankFigures {
+            peak_bytes: r.peak_bytes,
+            step_seconds_median: r.step_seconds_median,
+            samples_per_second: r.rows_per_step as f64 / r.step_seconds_median,
+        };
+        r.ranks = match sharding {
+            Sharding::Ddp(pg) => gather_figures(pg, mine, cfg.device)?,
+            _ => vec![mine],
+        };
+        if !matches!(sharding, Sharding::Single) {
+            r.final_params = host_copy(&self.vs, Tensor::shallow_clone)?;
+        }
         r.test_accuracy = evaluate(&self.model, task, cfg);
         self.bar.finish_with_message(format!(
             "loss {:.4}, test accuracy {:.3}",
             r.final_loss(),
             r.test_accuracy
         ));
-        self.result
+        Ok(self.result)
     }
 }
 
+/// Every rank's figures, by rank: an `all_gather` of three float64 values, on `device`
+/// (NCCL groups take CUDA tensors only).
+fn gather_figures(
+    pg: &ProcessGroup,
+    mine: RankFigures,
+    device: Device,
+) -> Result<Vec<RankFigures>> {
+    let t = Tensor::from_slice(&[
+        mine.peak_bytes as f64,
+        mine.step_seconds_median,
+        mine.samples_per_second,
+    ])
+    .to_device(device);
+    pg.f_all_gather(&t)?
+        .iter()
+        .map(|t| {
+            let v = Vec::<f64>::try_from(t.to_device(Device::Cpu))?;
+            Ok(RankFigures {
+                peak_bytes: v[0] as i64,
+                step_seconds_median: v[1],
+                samples_per_second: v[2],
+            })
+        })
+        .collect()
+}
+
 /// Trains a fresh model for each `(name, strategy)` of `plan`, all from the same seed
-/// (same weights, same batches, same dropout masks), and measures them.
+/// (same weights, same batches, same dropout masks), and measures them; `sharding` says
+/// which share of each global batch this process trains on.
 ///
 /// A step's time is its wall time; an epoch's is the sum of its steps' times (batching
 /// and evaluation excluded), so both mean the same in either [`Schedule`].
 ///
 /// # Errors
 ///
-/// When libtorch fails (out of memory, a failing recompute), or the memory statistics
-/// of the device are unavailable.
+/// When libtorch fails (out of memory, a failing recompute), the memory statistics
+/// of the device are unavailable, or a collective fails (a rank died: the others
+/// fail within the process group's timeout).
 pub fn train(
     plan: &[RunSpec],
     task: &Task,
@@ -301,8 +512,9 @@ pub fn train(
     cfg: &TrainConfig,
     schedule: Schedule,
     bars: &MultiProgress,
+    sharding: Sharding,
 ) -> Result<Vec<RunResult>> {
-    let steps_per_epoch = task.train.len() / cfg.batch_size;
+    let steps_per_epoch = epoch_steps(&task.train, cfg, sharding, 0)?.len();
     ensure!(
         steps_per_epoch > 0,
         "--train-size {} is smaller than --batch-size {}",
@@ -311,8 +523,16 @@ pub fn train(
     );
     let steps = steps_per_epoch * cfg.epochs;
     let new_run = |(name, strategy, policy): &RunSpec| {
-        Run::new(name, model_cfg, cfg, *strategy, *policy, steps, bars)
-            .with_context(|| format!("run `{name}`"))
+        Run::new(
+            name,
+            model_cfg,
+            cfg,
+            (*strategy, *policy),
+            sharding,
+            steps,
+            bars,
+        )
+        .with_context(|| format!("run `{name}`"))
     };
     // Runs that train together; one group of all runs, or one group a run.
     let groups: Vec<Vec<&RunSpec>> = match schedule {
@@ -325,17 +545,24 @@ pub fn train(
         let mut step = 0;
         for epoch in 0..cfg.epochs {
             runs.iter_mut().for_each(|r| r.epoch_seconds.push(0.0));
-            let order = cfg.seed.wrapping_mul(1_000_003).wrapping_add(epoch as u64);
-            for index in task.train.shuffled_batches(cfg.batch_size, order) {
-                let (xs, ys) = task.train.batch(&index, cfg.device);
+            for shares in epoch_steps(&task.train, cfg, sharding, epoch)? {
+                let shares: Vec<(usize, Tensor, Tensor)> = shares
+                    .iter()
+                    .map(|(rank, index)| {
+                        let (xs, ys) = task.train.batch(index, cfg.device);
+                        (*rank, xs, ys)
+                    })
+                    .collect();
                 for run in &mut runs {
-                    run.step(&xs, &ys, step, cfg)
+                    run.step(&shares, step, cfg, sharding)
                         .with_context(|| format!("run `{}`, step {}", run.result.name, step + 1))?;
                 }
                 step += 1;
             }
         }
-        results.extend(runs.into_iter().map(|r| r.finish(task, cfg)));
+        for run in runs {
+            results.push(run.finish(task, cfg, sharding)?);
+        }
     }
     Ok(results)
 }
@@ -370,12 +597,19 @@ fn evaluate(model: &Classifier, task: &Task, cfg: &TrainConfig) -> f64 {
 ///
 /// When the runs' variables differ (names or sizes).
 pub fn grad_max_abs_diff(a: &RunResult, b: &RunResult) -> Result<f64> {
-    ensure!(
-        a.first_grads.len() == b.first_grads.len(),
-        "the runs have different variables"
-    );
+    max_abs_diff(&a.first_grads, &b.first_grads)
+}
+
+/// Largest absolute difference between two sets of named values (host copies of
+/// variables or gradients, sorted by name), element by element.
+///
+/// # Errors
+///
+/// When the names or sizes differ.
+pub fn max_abs_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> Result<f64> {
+    ensure!(a.len() == b.len(), "the runs have different variables");
     let mut worst = 0.0f64;
-    for ((na, ga), (nb, gb)) in a.first_grads.iter().zip(&b.first_grads) {
+    for ((na, ga), (nb, gb)) in a.iter().zip(b) {
         ensure!(
             na == nb && ga.len() == gb.len(),
             "variable {na} differs from {nb}"

@@ -63,6 +63,16 @@ unsafe extern "C" {
         err: *mut c_void,
         set_err: MsgFn,
     ) -> i32;
+    fn ckpt_dist_has_nccl() -> i32;
+    fn ckpt_dist_pg_new_nccl(
+        store: *mut c_void,
+        rank: i32,
+        world: i32,
+        timeout_ms: i64,
+        out: *mut *mut c_void,
+        err: *mut c_void,
+        set_err: MsgFn,
+    ) -> i32;
     fn ckpt_dist_pg_free(group: *mut c_void);
     fn ckpt_dist_all_reduce(
         group: *mut c_void,
@@ -275,7 +285,13 @@ impl RawStore {
     }
 }
 
-/// An owned `c10d::ProcessGroup` with its Gloo backend.
+/// Whether the C++ was compiled with c10d's NCCL backend (the `nccl` feature).
+pub(crate) fn has_nccl() -> bool {
+    // SAFETY: no arguments, no state.
+    unsafe { ckpt_dist_has_nccl() != 0 }
+}
+
+/// An owned `c10d::ProcessGroup` with its Gloo (CPU) or NCCL (CUDA) backend.
 pub(crate) struct RawGroup(*mut c_void);
 // SAFETY: c10d process groups are used from any thread (the Reducer calls them from
 // autograd's threads); their work queue is internally synchronized.
@@ -285,7 +301,7 @@ unsafe impl Sync for RawGroup {}
 
 impl Drop for RawGroup {
     fn drop(&mut self) {
-        // SAFETY: `self.0` came from `ckpt_dist_pg_new_gloo` and is freed once.
+        // SAFETY: `self.0` came from `ckpt_dist_pg_new_gloo` or `_nccl`, freed once.
         unsafe { ckpt_dist_pg_free(self.0) }
     }
 }
@@ -317,6 +333,31 @@ impl RawGroup {
                     master_port,
                     timeout_ms,
                     threads,
+                    &mut out,
+                    err,
+                    set_err,
+                )
+            }
+        })?;
+        Ok(RawGroup(out))
+    }
+
+    /// An NCCL group (the caller has checked that CUDA is available).
+    pub(crate) fn new_nccl(
+        store: &RawStore,
+        rank: usize,
+        world: usize,
+        timeout_ms: i64,
+    ) -> Result<Self, CkptError> {
+        let mut out = std::ptr::null_mut();
+        call(|err| {
+            // SAFETY: `store.0` is live; `out`/`err` outlive the call.
+            unsafe {
+                ckpt_dist_pg_new_nccl(
+                    store.0,
+                    rank as i32,
+                    world as i32,
+                    timeout_ms,
                     &mut out,
                     err,
                     set_err,

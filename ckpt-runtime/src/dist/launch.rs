@@ -169,3 +169,51 @@ pub fn relaunch_self(nproc: usize, args: Vec<OsString>) -> Result<Option<LaunchR
         .map_err(|e| CkptError::Dist(format!("cannot find the current executable: {e}")))?;
     launch_local(&LocalLaunch::new(exe, args, nproc)).map(Some)
 }
+
+/// [`relaunch_self`] for a program whose own `--nproc N` flag asks for `N` local workers:
+/// the workers get this process's arguments without `--nproc N` (or `--nproc=N`), so
+/// that each runs as one rank.
+///
+/// Returns `Ok(None)` when this process should run as a worker or alone (`nproc <= 1`, or
+/// `RANK` already set by a launcher such as torchrun); errors as [`relaunch_self`].
+pub fn relaunch_self_from_args(nproc: usize) -> Result<Option<LaunchResult>, CkptError> {
+    relaunch_self(nproc, without_flag(std::env::args_os().skip(1), "--nproc"))
+}
+
+/// `args` without `flag VALUE` and `flag=VALUE` (every occurrence).
+fn without_flag(args: impl IntoIterator<Item = OsString>, flag: &str) -> Vec<OsString> {
+    let mut out = Vec::new();
+    let mut args = args.into_iter();
+    let joined = format!("{flag}=");
+    while let Some(a) = args.next() {
+        if a == flag {
+            args.next();
+        } else if !a.to_str().is_some_and(|s| s.starts_with(&joined)) {
+            out.push(a);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nproc_flag_is_removed_in_both_spellings() {
+        let args = [
+            "--quick",
+            "--nproc",
+            "2",
+            "--seed",
+            "3",
+            "--nproc=4",
+            "--nprocs=5",
+        ];
+        let out = without_flag(args.map(OsString::from), "--nproc");
+        assert_eq!(
+            out,
+            ["--quick", "--seed", "3", "--nprocs=5"].map(OsString::from)
+        );
+    }
+}

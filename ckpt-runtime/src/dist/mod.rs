@@ -60,7 +60,7 @@ use std::time::Duration;
 use tch::Tensor;
 
 pub use ddp::{BucketLaunches, DdpOptions, DistributedDataParallel, NoSync};
-pub use launch::{LaunchResult, LocalLaunch, launch_local, relaunch_self};
+pub use launch::{LaunchResult, LocalLaunch, launch_local, relaunch_self, relaunch_self_from_args};
 pub use sampler::DistributedSampler;
 
 use crate::CkptError;
@@ -74,9 +74,30 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 pub enum Backend {
     /// Gloo, on CPU tensors (PyTorch's `"gloo"`).
     Gloo,
-    /// NCCL, on CUDA tensors (PyTorch's `"nccl"`). Not built into this version of
-    /// `ckpt`: asking for it is a [`CkptError::DistEnv`].
+    /// NCCL, on CUDA tensors (PyTorch's `"nccl"`): only with the `nccl` cargo feature
+    /// (which compiles c10d's `ProcessGroupNCCL` in and links `libtorch_cuda`) and CUDA
+    /// at run time; otherwise asking for it is a [`CkptError::DistEnv`] saying which is
+    /// missing. Each rank should use its own device, `Device::Cuda(local_rank)`.
     Nccl,
+}
+
+impl Backend {
+    /// Whether this build has the backend: Gloo always, NCCL with the `nccl` feature.
+    pub fn is_built(self) -> bool {
+        match self {
+            Backend::Gloo => true,
+            Backend::Nccl => ffi::has_nccl(),
+        }
+    }
+
+    /// Whether [`init`] can use this backend here: Gloo always; NCCL when built
+    /// ([`Backend::is_built`]) and libtorch sees a CUDA device.
+    pub fn is_available(self) -> bool {
+        match self {
+            Backend::Gloo => true,
+            Backend::Nccl => self.is_built() && tch::Cuda::is_available(),
+        }
+    }
 }
 
 /// How [`ProcessGroup::all_reduce`] and [`ProcessGroup::reduce_scatter`] combine ranks.
@@ -261,8 +282,8 @@ struct Inner {
     opts: InitOptions,
 }
 
-/// A c10d process group (PyTorch's `ProcessGroup` with its Gloo backend): the ranks that
-/// run collectives together. Cheap to clone (shared); dropped with its last clone.
+/// A c10d process group (PyTorch's `ProcessGroup` with its Gloo or NCCL backend): the
+/// ranks that run collectives together. Cheap to clone (shared); dropped with its last clone.
 ///
 /// Collectives are blocking: each returns when its result is in place on this rank, or
 /// with [`CkptError::Dist`] after the timeout (for example when a peer died).
@@ -283,7 +304,7 @@ impl std::fmt::Debug for ProcessGroup {
 
 /// Joins the process group described by `opts`: connects to (rank 0: serves) the
 /// TCPStore at `master_addr:master_port`, then rendezvouses with all `world_size` ranks
-/// through Gloo. Returns when every rank has joined.
+/// through the backend. Returns when every rank has joined.
 ///
 /// # Panics
 ///
@@ -293,15 +314,20 @@ pub fn init(opts: &InitOptions) -> ProcessGroup {
 }
 
 /// [`init`], returning errors: [`CkptError::DistEnv`] for out-of-range options or the
-/// NCCL backend (not built in), [`CkptError::Dist`] when the master is unreachable or
-/// the other ranks do not all join within `opts.timeout`, or the port is in use.
+/// NCCL backend where it is not available (not built with the `nccl` feature, or no
+/// CUDA device), [`CkptError::Dist`] when the master is unreachable or the other ranks
+/// do not all join within `opts.timeout`, or the port is in use.
 pub fn f_init(opts: &InitOptions) -> Result<ProcessGroup, CkptError> {
     opts.validate()?;
-    if opts.backend == Backend::Nccl {
-        return Err(CkptError::DistEnv(if tch::Cuda::is_available() {
-            "the NCCL backend is not built into this version of ckpt; use Backend::Gloo".into()
+    if opts.backend == Backend::Nccl && !Backend::Nccl.is_available() {
+        return Err(CkptError::DistEnv(if !Backend::Nccl.is_built() {
+            "the NCCL backend is not built in: build ckpt with the `nccl` feature \
+             (`--features nccl`), or use Backend::Gloo"
+                .into()
         } else {
-            "the NCCL backend needs CUDA, which is not available here; use Backend::Gloo".into()
+            "the NCCL backend needs CUDA, which is not available here (libtorch sees no \
+             CUDA device); use Backend::Gloo"
+                .into()
         }));
     }
     let timeout_ms = i64::try_from(opts.timeout.as_millis()).unwrap_or(i64::MAX);
@@ -318,16 +344,19 @@ pub fn f_init(opts: &InitOptions) -> Result<ProcessGroup, CkptError> {
         timeout_ms,
         &prefix,
     )?;
-    let group = ffi::RawGroup::new_gloo(
-        &store,
-        opts.rank,
-        opts.world_size,
-        opts.gloo_socket_ifname.as_deref().unwrap_or(""),
-        &opts.master_addr,
-        opts.master_port,
-        timeout_ms,
-        0,
-    )?;
+    let group = match opts.backend {
+        Backend::Gloo => ffi::RawGroup::new_gloo(
+            &store,
+            opts.rank,
+            opts.world_size,
+            opts.gloo_socket_ifname.as_deref().unwrap_or(""),
+            &opts.master_addr,
+            opts.master_port,
+            timeout_ms,
+            0,
+        )?,
+        Backend::Nccl => ffi::RawGroup::new_nccl(&store, opts.rank, opts.world_size, timeout_ms)?,
+    };
     Ok(ProcessGroup {
         inner: Arc::new(Inner {
             group,
@@ -352,17 +381,22 @@ pub fn f_init_from_env() -> Result<ProcessGroup, CkptError> {
     f_init(&InitOptions::from_env()?)
 }
 
-fn check_cpu(t: &Tensor, what: &str) -> Result<(), CkptError> {
-    if t.device() != tch::Device::Cpu {
-        return Err(CkptError::InvalidArgument(format!(
-            "{what}: the Gloo backend of ckpt::dist takes CPU tensors, got one on {:?}",
-            t.device()
-        )));
-    }
-    Ok(())
-}
-
 impl ProcessGroup {
+    /// Gloo takes CPU tensors, NCCL CUDA ones.
+    fn check_device(&self, t: &Tensor, what: &str) -> Result<(), CkptError> {
+        let (ok, name, wanted) = match self.inner.opts.backend {
+            Backend::Gloo => (t.device() == tch::Device::Cpu, "Gloo", "CPU"),
+            Backend::Nccl => (t.device().is_cuda(), "NCCL", "CUDA"),
+        };
+        if !ok {
+            return Err(CkptError::InvalidArgument(format!(
+                "{what}: the {name} backend of ckpt::dist takes {wanted} tensors, got one on {:?}",
+                t.device()
+            )));
+        }
+        Ok(())
+    }
+
     /// This process's rank, `0..world_size()`.
     pub fn rank(&self) -> usize {
         self.inner.opts.rank
@@ -400,7 +434,7 @@ impl ProcessGroup {
 
     /// [`ProcessGroup::all_reduce`], returning errors (a non-CPU tensor, a timeout).
     pub fn f_all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<(), CkptError> {
-        check_cpu(t, "all_reduce")?;
+        self.check_device(t, "all_reduce")?;
         let _g = tch::no_grad_guard();
         self.inner.group.all_reduce(t, op.code())
     }
@@ -412,7 +446,7 @@ impl ProcessGroup {
 
     /// [`ProcessGroup::broadcast`], returning errors (`root >= world_size`, a timeout).
     pub fn f_broadcast(&self, t: &Tensor, root: usize) -> Result<(), CkptError> {
-        check_cpu(t, "broadcast")?;
+        self.check_device(t, "broadcast")?;
         if root >= self.world_size() {
             return Err(CkptError::InvalidArgument(format!(
                 "broadcast root {root} is not a rank of a group of {}",
@@ -430,7 +464,7 @@ impl ProcessGroup {
 
     /// [`ProcessGroup::all_gather`], returning errors.
     pub fn f_all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>, CkptError> {
-        check_cpu(t, "all_gather")?;
+        self.check_device(t, "all_gather")?;
         let _g = tch::no_grad_guard();
         let outs: Vec<Tensor> = (0..self.world_size()).map(|_| t.empty_like()).collect();
         self.inner.group.all_gather(&outs, t)?;
@@ -455,7 +489,7 @@ impl ProcessGroup {
             )));
         }
         for t in inputs {
-            check_cpu(t, "reduce_scatter")?;
+            self.check_device(t, "reduce_scatter")?;
         }
         let _g = tch::no_grad_guard();
         let out = inputs[0].empty_like();
