@@ -27,7 +27,7 @@ use crate::ctxt::Ctxt;
 pub(crate) enum Layout {
     /// `#[checkpointed]` without cuts: the whole body is one checkpointed segment.
     Whole,
-    /// Groups fixed at compile time ([`Layout::ranges`]); the last runs inline.
+    /// Groups fixed at compile time ([`Cut::ranges`]); the last runs inline.
     Static,
     /// Every statement is a unit of a chain cut at run time; the last statement runs
     /// inline after the chain.
