@@ -12,6 +12,7 @@ use syn::{Ident, LitBool, LitInt, LitStr, Token};
 
 use crate::budget::{self, Objective};
 use crate::ctxt::Ctxt;
+use crate::shared;
 
 /// Where the attribute is: the valid segment counts differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,24 +142,13 @@ pub(crate) fn parse_args(tokens: TokenStream, target: Target, cx: &mut Ctxt) -> 
         ..Args::default()
     };
     let mut written = Written::default();
-    let parser = |input: ParseStream| -> syn::Result<()> {
-        while !input.is_empty() {
-            if let Err(e) = parse_one(input, &mut args, &mut written, target, cx) {
-                cx.push(e);
-                skip_to_comma(input)?;
-            }
-            if input.is_empty() {
-                break;
-            }
-            if let Err(e) = input.parse::<Token![,]>() {
-                cx.push(e);
-                skip_to_comma(input)?;
-                if !input.is_empty() {
-                    input.parse::<Token![,]>()?;
-                }
-            }
-        }
-        Ok(())
+    let parser = |input: ParseStream| {
+        shared::parse_comma_separated(
+            input,
+            cx,
+            |input, cx| parse_one(input, &mut args, &mut written, target, cx),
+            |e| e,
+        )
     };
     if let Err(e) = parser.parse2(tokens) {
         cx.push(e);
@@ -192,21 +182,6 @@ fn resolve(w: &Written, cx: &mut Ctxt) -> CutArg {
         (None, Some(span), None) => CutArg::Auto(Objective::MinPeak, span),
         (None, None, None) => CutArg::Unspecified,
     }
-}
-
-fn skip_to_comma(input: ParseStream) -> syn::Result<()> {
-    input.step(|cursor| {
-        let mut rest = *cursor;
-        while let Some((tt, next)) = rest.token_tree() {
-            if let proc_macro2::TokenTree::Punct(p) = &tt
-                && p.as_char() == ','
-            {
-                return Ok(((), rest));
-            }
-            rest = next;
-        }
-        Ok(((), rest))
-    })
 }
 
 fn parse_one(

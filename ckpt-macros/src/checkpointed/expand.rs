@@ -20,13 +20,10 @@ use super::body::{self, LoopKind, LoopUnit, Modules};
 use super::layout::{Layout, Schedule};
 use super::parse::{self, Function, ParamKind};
 use crate::args::Args;
+use crate::shared::mixed;
 
 /// Tuples of the stash have at most this many elements; longer lists are nested.
 const MAX_TUPLE: usize = 12;
-
-fn mixed(name: &str) -> Ident {
-    Ident::new(name, Span::mixed_site())
-}
 
 /// `(a, b, ..)` with at most [`MAX_TUPLE`] elements per level; nested beyond that. The
 /// same nesting is produced for the same length, so patterns match expressions.

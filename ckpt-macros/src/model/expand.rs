@@ -26,10 +26,7 @@ use syn::{ExprClosure, GenericParam, Generics, Ident, WherePredicate, parse_quot
 
 use super::ast::{Builtin, FieldItem, FieldKind, Item, LetItem, Model, Segments};
 use super::parse::{mentions, tokens_text};
-
-fn mixed(name: &str) -> Ident {
-    Ident::new(name, Span::mixed_site())
-}
+use crate::shared::mixed;
 
 /// Where errors about a type go: the last segment of a path (`BatchNorm` in
 /// `nn::BatchNorm`; stable Rust cannot join spans), else the type's first token.

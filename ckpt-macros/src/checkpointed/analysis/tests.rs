@@ -753,3 +753,29 @@ fn a_folds_initial_value_enters_only_its_first_iteration() {
         Some("h".to_owned())
     );
 }
+
+#[test]
+fn segments_n_cuts_as_checkpoint_sequential_and_model_do() {
+    // 8 statements in 3 segments: 2, 2 and the rest (4), PyTorch's grouping, which
+    // `ckpt_budget::sequential_ranges` is the one place of: `model!`'s `segments = N` and
+    // `checkpoint_sequential` apply it at run time, a function at compile time.
+    let plan = plan(
+        quote!(segments = 3),
+        quote! {
+            fn f(x: &Tensor) -> Tensor {
+                let a = x.relu();
+                let b = a.relu();
+                let c = b.relu();
+                let d = c.relu();
+                let e = d.relu();
+                let g = e.relu();
+                let h = g.relu();
+                h.relu()
+            }
+        },
+    )
+    .expect("no errors");
+    let ranges: Vec<_> = plan.groups.iter().map(|g| g.stmts.clone()).collect();
+    assert_eq!(ranges, [0..2, 2..4, 4..8]);
+    assert_eq!(ranges, ckpt_budget::sequential_ranges(8, 3));
+}
