@@ -181,11 +181,9 @@ fn markers(body: &Body, cx: &mut Ctxt) -> Option<Cut> {
     if !ok {
         return None;
     }
-    let mut bounds = vec![0];
-    bounds.extend(body.markers.iter().map(|(at, _)| *at));
-    bounds.push(n);
+    let cuts: Vec<usize> = body.markers.iter().map(|(at, _)| *at).collect();
     Some(Cut {
         layout: Layout::Static,
-        ranges: bounds.windows(2).map(|w| w[0]..w[1]).collect(),
+        ranges: ckpt_budget::cut_ranges(&cuts, n),
     })
 }

@@ -46,18 +46,14 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tch::{Device, Kind, Tensor};
 
 use super::profile::{self, StageFigures};
 use super::{ChainCost, Objective, Plan, StageCost};
 use crate::checkpoint::CheckpointOptions;
-use crate::{CkptError, Stash, memory};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::{CkptError, Stash, lock, memory};
 
 /// The type of a value, at compile time only (`Copy`, `Send`, `Sync`, zero-sized).
 pub struct Witness<T>(PhantomData<fn() -> T>);
