@@ -6,8 +6,9 @@
 use proc_macro2::TokenStream;
 use quote::quote;
 
-use super::ast::{Builtin, FieldKind, Item, Segments};
+use super::ast::{Builtin, FieldKind, Item};
 use super::expand;
+use crate::args::Schedule;
 use crate::ctxt::Ctxt;
 
 /// Expands and pretty-prints.
@@ -92,7 +93,7 @@ fn parses_every_item_form() {
     assert_eq!(model.params.len(), 2);
     assert!(model.generics.where_clause.is_some());
     let ck = model.checkpoint.as_ref().expect("checkpointed");
-    assert!(matches!(ck.segments, Segments::Fixed(3)));
+    assert_eq!(ck.schedule, Schedule::Segments(3));
     assert_eq!(ck.preserve_rng_state, Some(false));
     assert_eq!(ck.determinism_check, None);
     let kinds: Vec<&str> = model

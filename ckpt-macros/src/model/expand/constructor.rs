@@ -8,7 +8,7 @@ use syn::Ident;
 use syn::spanned::Spanned;
 
 use super::{dropout_field, fields, nn_path};
-use crate::model::ast::{Builtin, FieldKind, Item, Model, Segments};
+use crate::model::ast::{Builtin, FieldKind, Item, Model};
 use crate::model::parse::tokens_text;
 use crate::shared::mixed;
 
@@ -146,7 +146,7 @@ pub(super) fn constructor(model: &Model) -> TokenStream {
         }
     }
     if let Some(c) = &model.checkpoint {
-        let schedule = schedule_tokens(&c.segments);
+        let schedule = c.schedule.tokens(quote!(::ckpt::plan::Schedule));
         let policy = c.policy.map(|p| {
             let p = p.tokens();
             quote!(.with_policy(#p))
@@ -160,17 +160,6 @@ pub(super) fn constructor(model: &Model) -> TokenStream {
             #root_binding
             #(#inits)*
             Self { #(#assigns),* }
-        }
-    }
-}
-
-/// The declared `ckpt::plan::Schedule`.
-fn schedule_tokens(segments: &Segments) -> TokenStream {
-    match segments {
-        Segments::Fixed(n) => quote!(::ckpt::plan::Schedule::Segments(#n)),
-        Segments::Auto(objective) => {
-            let o = objective.tokens();
-            quote!(::ckpt::plan::Schedule::Auto(#o))
         }
     }
 }

@@ -6,7 +6,8 @@ use quote::quote;
 use syn::GenericParam;
 
 use super::{dropout_field, dropouts, fields, lets, needs_train};
-use crate::model::ast::{FieldItem, FieldKind, Item, Model, Segments};
+use crate::args::Schedule;
+use crate::model::ast::{FieldItem, FieldKind, Item, Model};
 use crate::model::parse::tokens_text;
 
 /// The struct definition (`stub`: without the hidden fields, with a `PhantomData` for
@@ -104,12 +105,12 @@ fn chain_doc(model: &Model) -> TokenStream {
         "`Module`"
     };
     let ckpt = match &model.checkpoint {
-        Some(c) => match c.segments {
-            Segments::Fixed(n) => format!(
+        Some(c) => match c.schedule {
+            Schedule::Segments(n) => format!(
                 " Checkpointed: the stages are cut into {n} segment{} (`ckpt::sequential_segments`), every one but the last recomputed in backward; `set_schedule` changes the cuts at run time.",
                 if n == 1 { "" } else { "s" }
             ),
-            Segments::Auto(objective) => format!(
+            Schedule::Auto(objective) => format!(
                 " Checkpointed: the planner cuts the stages for {}, from a profile of the stages made on the first training call for each input shape; `set_schedule` changes the cuts at run time, `plan_for` shows the plan.",
                 objective.describe()
             ),
