@@ -100,16 +100,16 @@ pub(super) fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
             let #shared = ::ckpt::__private::capture(self);
             let #count = #ranges.len();
             for (#k, #range) in #ckpt.iter().enumerate() {
-                let #name = ::std::format!(
-                    "{}::{} segment {} of {}: stages {}..{}, `{}` to `{}` ({}:{})",
-                    ::ckpt::__private::short_type_name::<Self>(),
+                let #name = ::ckpt::__private::chain_segment_name(
+                    ::core::option::Option::Some(::ckpt::__private::short_type_name::<Self>()),
                     #method,
                     #k + 1,
                     #count,
-                    #range.start,
-                    #range.end,
-                    self.__ckpt_stage_name(#range.start),
-                    self.__ckpt_stage_name(#range.end - 1),
+                    (
+                        ::core::clone::Clone::clone(#range),
+                        self.__ckpt_stage_name(#range.start),
+                        self.__ckpt_stage_name(#range.end - 1),
+                    ),
                     ::core::file!(),
                     #line,
                 );
