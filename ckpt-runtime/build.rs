@@ -1,19 +1,20 @@
 //! Compiles the C++ beside the Rust (`csrc/`) against the libtorch that `torch-sys`
 //! found, with the same flags: `ckpt.cpp` (the autograd node, the counting CPU
 //! allocator, autocast state), `rng.cpp` (generator snapshots), `buffers.cpp` (batch
-//! norm statistics frozen in recomputes), `policy.cpp` (selective checkpointing), and,
-//! as a library of its own with Gloo's headers, `dist.cpp` (the c10d binding of
-//! `ckpt::dist`).
+//! norm statistics frozen in recomputes), `policy.cpp` (selective checkpointing),
+//! `params.cpp` (captured parameters as inputs of the node), and, as a library of its
+//! own with Gloo's headers, `dist.cpp` (the c10d binding of `ckpt::dist`).
 
 use std::env;
 use std::path::PathBuf;
 
 /// The translation units, and the headers they share.
-const SOURCES: [&str; 4] = [
+const SOURCES: [&str; 5] = [
     "csrc/ckpt.cpp",
     "csrc/rng.cpp",
     "csrc/buffers.cpp",
     "csrc/policy.cpp",
+    "csrc/params.cpp",
 ];
 const HEADERS: [&str; 2] = ["csrc/extra.h", "csrc/policy.h"];
 

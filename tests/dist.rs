@@ -22,7 +22,7 @@ use ckpt::dist::{
     self, Backend, DdpOptions, DistributedDataParallel, InitOptions, LocalLaunch, ProcessGroup,
     ReduceOp,
 };
-use ckpt::{CkptError, ShallowClone};
+use ckpt::{CheckpointOptions, CkptError, ShallowClone};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
@@ -139,6 +139,8 @@ fn worker() {
         "train_macro" => train(Variant::Macro),
         "train_auto" => train(Variant::Auto),
         "train_unused" => train(Variant::Unused),
+        "train_listed" => train(Variant::Listed),
+        "train_macro_dynamic" => train(Variant::MacroDynamic),
         "dynamic_shared" => dynamic_shared(),
         "buffers" => buffers(),
         "overlap" => overlap(),
@@ -232,6 +234,20 @@ enum Variant {
     Auto,
     /// Distinct layers, but `l[2]` is never used: its gradient stays undefined.
     Unused,
+    /// As `Shared`, with each segment listing the layers it captures
+    /// (`CheckpointOptions::parameters_of`), and the Reducer without static graph: each
+    /// parameter's accumulator runs once per backward.
+    Listed,
+    /// As `Macro` (the macro lists what its segments capture), without static graph.
+    MacroDynamic,
+}
+
+impl Variant {
+    /// Whether the Reducer runs in static-graph mode (the default), which checkpointing
+    /// needs only for tensors captured unlisted.
+    fn static_graph(self) -> bool {
+        !matches!(self, Variant::Listed | Variant::MacroDynamic)
+    }
 }
 
 /// The stages of `Variant::Auto`'s forward.
@@ -279,11 +295,13 @@ struct Net {
     macro_blocks: bool,
     auto: bool,
     skip: bool,
+    listed: bool,
 }
 
 impl Net {
     fn new(vs: &nn::VarStore, variant: Variant) -> Net {
-        let (shared, macro_blocks) = (variant == Variant::Shared, variant == Variant::Macro);
+        let shared = matches!(variant, Variant::Shared | Variant::Listed);
+        let macro_blocks = matches!(variant, Variant::Macro | Variant::MacroDynamic);
         let l = (0..3)
             .map(|i| nn::linear(vs.root() / format!("l{i}"), D, D, Default::default()))
             .collect();
@@ -295,6 +313,7 @@ impl Net {
             macro_blocks,
             auto: variant == Variant::Auto,
             skip: variant == Variant::Unused,
+            listed: variant == Variant::Listed,
         }
     }
 
@@ -318,12 +337,19 @@ impl Net {
             }
             return self.head.forward(&h);
         }
+        // The options of a segment capturing `layers`: listing them when `listed`.
+        let options = |layers: &[&nn::Linear]| {
+            layers.iter().fold(CheckpointOptions::new(), |o, l| {
+                if self.listed { o.parameters_of(*l) } else { o }
+            })
+        };
         let (a, b, shared) = (
             self.l[0].shallow_clone(),
             self.l[1].shallow_clone(),
             self.shared,
         );
-        let h = ckpt::checkpoint(
+        let h = ckpt::checkpoint_with(
+            &options(&[&a, &b]),
             move |x: Tensor| {
                 let h = a.forward(&x).gelu("none").dropout(0.1, true);
                 if shared { b.forward(&h).tanh() + h } else { h }
@@ -335,7 +361,8 @@ impl Net {
             self.l[2].shallow_clone(),
             self.skip,
         );
-        let h = ckpt::checkpoint(
+        let h = ckpt::checkpoint_with(
+            &options(&[&b, &c]),
             move |x: Tensor| {
                 let h = b.forward(&x).gelu("none").dropout(0.1, true) + &x;
                 if skip {
@@ -402,6 +429,7 @@ fn train(variant: Variant) -> String {
     let opts = DdpOptions {
         bucket_cap_mb: 0.02,
         first_bucket_cap_mb: 0.01,
+        static_graph: variant.static_graph(),
         ..DdpOptions::default()
     };
     let ddp = DistributedDataParallel::new(&pg, &vs, opts);
@@ -505,8 +533,9 @@ fn overlap() -> String {
     )
 }
 
-/// Without static-graph mode a layer used by two checkpointed segments has its
-/// gradient hook fire twice, which the Reducer refuses (the PyTorch error, pytorch#24005).
+/// Without static-graph mode a layer used by two checkpointed segments that capture it
+/// unlisted has its gradient hook fire twice, which the Reducer refuses (the PyTorch
+/// error, pytorch#24005). Listed (`Variant::Listed`), it fires once.
 fn dynamic_shared() -> String {
     let pg = init_env(Duration::from_secs(30));
     tch::manual_seed(1);
@@ -691,7 +720,17 @@ fn ddp_with_segments_auto_matches_one_process() {
 }
 
 #[test]
-fn without_static_graph_a_shared_layer_is_the_reducer_error() {
+fn without_static_graph_a_listed_shared_layer_matches_one_process() {
+    check_train("train_listed");
+}
+
+#[test]
+fn without_static_graph_macro_blocks_match_one_process() {
+    check_train("train_macro_dynamic");
+}
+
+#[test]
+fn without_static_graph_an_unlisted_shared_layer_is_the_reducer_error() {
     for report in run_ok("dynamic_shared", 2) {
         let f = fields(&report);
         assert_eq!(f["error"], "true", "{report}");

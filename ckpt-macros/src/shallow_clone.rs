@@ -31,21 +31,31 @@ fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
     }
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
 
-    let body = match &input.data {
+    let (body, visit) = match &input.data {
         Data::Struct(s) => {
-            let (pat, build) = fields(quote!(Self), &s.fields);
-            quote!(let #pat = self; #build)
+            let Copy { pat, build, visit } = fields(quote!(Self), &s.fields);
+            (
+                quote!(let #pat = self; #build),
+                quote!(let #pat = self; #visit),
+            )
         }
         Data::Enum(e) => {
-            let arms = e.variants.iter().map(|v| {
-                let ident = &v.ident;
-                let (pat, build) = fields(quote!(Self::#ident), &v.fields);
-                quote!(#pat => #build,)
-            });
+            let (arms, visit_arms): (Vec<_>, Vec<_>) = e
+                .variants
+                .iter()
+                .map(|v| {
+                    let ident = &v.ident;
+                    let Copy { pat, build, visit } = fields(quote!(Self::#ident), &v.fields);
+                    (quote!(#pat => #build,), quote!(#pat => { #visit }))
+                })
+                .unzip();
             if e.variants.is_empty() {
-                quote!(match *self {})
+                (quote!(match *self {}), quote!(match *self {}))
             } else {
-                quote!(match self { #(#arms)* })
+                (
+                    quote!(match self { #(#arms)* }),
+                    quote!(match self { #(#visit_arms)* }),
+                )
             }
         }
         Data::Union(u) => {
@@ -64,14 +74,32 @@ fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
                 use ::ckpt::__private::{ViaClone as _, ViaNeither as _, ViaShallowClone as _};
                 #body
             }
+
+            fn visit_tensors(&self, __ckpt_f: &mut dyn ::core::ops::FnMut(&::ckpt::__private::tch::Tensor)) {
+                #[allow(unused_imports)]
+                use ::ckpt::__private::{VisitOther as _, VisitShallowClone as _};
+                #visit
+            }
         }
     })
 }
 
-/// A pattern binding every field by reference, and the expression rebuilding the value
-/// from shallow clones of them.
-fn fields(path: TokenStream, fields: &Fields) -> (TokenStream, TokenStream) {
+/// What the derive generates for one struct or variant.
+struct Copy {
+    /// A pattern binding every field by reference.
+    pat: TokenStream,
+    /// The expression rebuilding the value from shallow clones of the fields.
+    build: TokenStream,
+    /// The statements visiting the fields' tensors (`ShallowClone::visit_tensors`).
+    visit: TokenStream,
+}
+
+/// The pattern, copy and visit of `fields`.
+fn fields(path: TokenStream, fields: &Fields) -> Copy {
     let dup = |binding: &syn::Ident, span| quote_spanned!(span=> (&&&::ckpt::__private::Dup(#binding)).__ckpt_dup());
+    let visit = |names: &[syn::Ident]| {
+        quote! { #( (&&::ckpt::__private::Visit(#names)).__ckpt_visit(__ckpt_f); )* }
+    };
     match fields {
         Fields::Named(named) => {
             let names: Vec<_> = named
@@ -84,10 +112,11 @@ fn fields(path: TokenStream, fields: &Fields) -> (TokenStream, TokenStream) {
                 .iter()
                 .zip(&names)
                 .map(|(f, n)| dup(n, f.span()));
-            (
-                quote!(#path { #(#names),* }),
-                quote!(#path { #(#names: #values),* }),
-            )
+            Copy {
+                pat: quote!(#path { #(#names),* }),
+                build: quote!(#path { #(#names: #values),* }),
+                visit: visit(&names),
+            }
         }
         Fields::Unnamed(unnamed) => {
             let names: Vec<_> = (0..unnamed.unnamed.len())
@@ -98,8 +127,16 @@ fn fields(path: TokenStream, fields: &Fields) -> (TokenStream, TokenStream) {
                 .iter()
                 .zip(&names)
                 .map(|(f, n)| dup(n, f.span()));
-            (quote!(#path( #(#names),* )), quote!(#path( #(#values),* )))
+            Copy {
+                pat: quote!(#path( #(#names),* )),
+                build: quote!(#path( #(#values),* )),
+                visit: visit(&names),
+            }
         }
-        Fields::Unit => (path.clone(), path),
+        Fields::Unit => Copy {
+            pat: path.clone(),
+            build: path,
+            visit: TokenStream::new(),
+        },
     }
 }

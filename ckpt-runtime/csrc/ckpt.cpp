@@ -52,6 +52,18 @@ typedef int32_t (*ckpt_run_fn)(void* closure, int32_t recompute, tensor* inputs,
 typedef void (*ckpt_drop_fn)(void* closure);
 typedef void (*ckpt_push_fn)(void* ctx, tensor t);
 typedef void (*ckpt_msg_fn)(void* ctx, const char* msg, size_t len);
+
+// What one segment is made of, besides its closure (src/ffi.rs `SegmentSpec`).
+typedef struct {
+  const tensor* inputs;  // the stash, in order; each defined
+  size_t n_inputs;
+  const tensor* params;  // tensors the closure captured, for the node to take as inputs
+  size_t n_params;
+  const char* name;  // UTF-8, not NUL-terminated
+  size_t name_len;
+  int32_t preserve_rng_state;
+  int32_t determinism_check;
+} ckpt_segment_spec;
 }
 
 namespace {
@@ -194,6 +206,8 @@ struct Segment : torch::CustomClassHolder {
   RngState rng;
   AutocastState autocast;
   std::vector<OutputMeta> outputs;
+  // The captured parameters that are inputs of the node (csrc/params.cpp), after the stash.
+  std::vector<at::Tensor> params;
   // What the selective-checkpointing policy kept from forward (null: recompute all).
   std::shared_ptr<ckpt_policy::Cache> policy;
 
@@ -283,39 +297,57 @@ bool differentiable(const at::Tensor& t) {
 // ---------------------------------------------------------------------------------
 // The autograd function (decision 1)
 
+// The segment's forward run, under no_grad: the closure on `in`, with what its recompute
+// needs recorded in `seg` (generator states it drew from, autocast state, what the
+// selective policy keeps). `seg->params` is narrowed to the parameters the run read
+// (csrc/params.cpp), so that the node has edges only to their accumulators: an edge to a
+// parameter the segment does not use would hold that parameter's accumulation back until
+// the segment's backward.
+std::vector<at::Tensor> run_forward(Segment& seg, const std::vector<at::Tensor>& in,
+                                    void* fwd_ctx) {
+  at::AutoGradMode no_grad(false);
+  ckpt::RngProbe rng_before;
+  if (seg.preserve_rng_state) {
+    std::set<c10::DeviceIndex> devices;
+    for (const auto& t : in) {
+      if (t.device().is_cuda()) devices.insert(t.device().index());
+    }
+    if (devices.empty() && cuda_present()) {
+      devices.insert(at::detail::getCUDAHooks().getCurrentDevice());
+    }
+    rng_before = ckpt::RngProbe::take(devices);
+  }
+  seg.autocast = AutocastState::capture();
+  seg.policy = ckpt_policy::cache_for_new_segment();
+
+  std::vector<at::Tensor> outs;
+  {
+    ckpt_policy::Scope record(seg.policy.get(), /*replay=*/false);
+    ckpt::ParamUsage usage(seg.params);
+    outs = call_closure(seg, false, in, fwd_ctx);
+    seg.params = usage.used();
+  }
+
+  // Only the generators the forward drew from need their state kept (csrc/rng.cpp).
+  if (seg.preserve_rng_state) {
+    rng_before.moved(seg.rng.cpu, seg.rng.cuda);
+    seg.has_rng = seg.rng.cpu.defined() || !seg.rng.cuda.empty();
+  }
+  return outs;
+}
+
 struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
   // `dummy` requires grad, so the node joins the graph even when no input does
-  // (decision 3); its gradient is always undefined.
+  // (decision 3); its gradient is always undefined. `params` (the same as `seg->params`)
+  // are inputs so that the node has edges to their accumulators; they are not saved.
+  // `forward_outs` is what `run_forward` returned, taken over here.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& dummy,
-                               at::TensorList inputs, c10::intrusive_ptr<Segment> seg,
-                               void* fwd_ctx) {
+                               at::TensorList inputs, at::TensorList params,
+                               c10::intrusive_ptr<Segment> seg, void* forward_outs) {
     (void)dummy;
+    (void)params;
     std::vector<at::Tensor> in(inputs.begin(), inputs.end());
-    ckpt::RngProbe rng_before;
-    if (seg->preserve_rng_state) {
-      std::set<c10::DeviceIndex> devices;
-      for (const auto& t : in) {
-        if (t.device().is_cuda()) devices.insert(t.device().index());
-      }
-      if (devices.empty() && cuda_present()) {
-        devices.insert(at::detail::getCUDAHooks().getCurrentDevice());
-      }
-      rng_before = ckpt::RngProbe::take(devices);
-    }
-    seg->autocast = AutocastState::capture();
-    seg->policy = ckpt_policy::cache_for_new_segment();
-
-    std::vector<at::Tensor> outs;
-    {
-      ckpt_policy::Scope record(seg->policy.get(), /*replay=*/false);
-      outs = call_closure(*seg, false, in, fwd_ctx);
-    }
-
-    // Only the generators the forward drew from need their state kept (csrc/rng.cpp).
-    if (seg->preserve_rng_state) {
-      rng_before.moved(seg->rng.cpu, seg->rng.cuda);
-      seg->has_rng = seg->rng.cpu.defined() || !seg->rng.cuda.empty();
-    }
+    std::vector<at::Tensor> outs = std::move(*static_cast<std::vector<at::Tensor>*>(forward_outs));
 
     // The node becomes the grad_fn of every output that is not an input. An output that
     // is a tensor from outside the segment (a captured parameter or buffer returned as
@@ -435,11 +467,15 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       }
     }
 
+    // The parameters' gradients are caught on their way to the accumulators and returned
+    // as the node's (csrc/params.cpp): the engine then accumulates each once per backward.
+    ckpt::ParamGrads param_grads(seg->params, /*pass_on=*/create_graph);
     std::vector<at::Tensor> outs;
     {
       RecomputeStateGuard state(*seg);
       at::AutoGradMode grad_on(true);
       ckpt_policy::Scope replay(seg->policy.get(), /*replay=*/true);
+      ckpt::ParamGrads::Redirect redirect(param_grads);
       outs = call_closure(*seg, true, detached, nullptr);
     }
     // The recomputed graph holds what its backward needs of the kept tensors; a second
@@ -490,35 +526,53 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     outs.clear();
     saved.clear();
 
-    // Gradients: dummy, one per input, then the two non-tensor arguments.
-    variable_list result(1 + detached.size() + 2);
+    // Gradients: dummy, one per input, one per parameter, then the two non-tensor
+    // arguments.
+    const size_t n_params = seg->params.size();
+    variable_list result(1 + detached.size() + n_params + 2);
     if (roots.empty()) return result;
 
     auto& engine = torch::autograd::Engine::get_default_engine();
     if (accumulate) {
-      // loss.backward(): backpropagate through the recomputed graph. Parameters
-      // captured by the closure accumulate their .grad here, as without checkpointing.
+      // loss.backward(): backpropagate through the recomputed graph. The listed
+      // parameters' gradients stop at their capture nodes; tensors the closure captured
+      // unlisted accumulate their .grad here, once per segment that uses them.
       engine.execute(roots, root_grads, /*keep_graph=*/create_graph, create_graph,
                      /*accumulate_grad=*/true);
       for (size_t i = 0; i < detached.size(); ++i) {
         if (detached[i].requires_grad()) result[1 + i] = detached[i].grad();
       }
+      for (size_t j = 0; j < n_params; ++j) result[1 + detached.size() + j] = param_grads.grad(j);
     } else {
       // run_backward / autograd.grad with explicit inputs: nothing may accumulate into
-      // .grad, so only the gradients of the stash are computed; tensors captured by
-      // the closure (parameters) are not reachable this way.
+      // .grad, so the gradients of the stash and of the listed parameters are captured.
+      // A tensor the closure captured unlisted is not reachable this way: if the caller
+      // asked for its gradient (its accumulator is in this backward's outputs), that is an
+      // error rather than a gradient missing the segment's part.
+      const std::string unseen = ckpt::requested_but_unseen(roots, detached);
+      check(unseen.empty(), "checkpoint `", seg->name, "`: backward with explicit inputs asked ",
+            "for the gradient of a tensor (", unseen, ") that the segment's closure captured ",
+            "without listing it, so the checkpoint cannot return that gradient. Capture modules ",
+            "through ShallowClone (#[checkpointed], model!, checkpoint_sequential do), list the ",
+            "tensors with CheckpointOptions::parameters, pass the tensor as an input of the ",
+            "segment, or use backward()");
       torch::autograd::edge_list wanted;
       std::vector<size_t> index;
       for (size_t i = 0; i < detached.size(); ++i) {
         if (detached[i].requires_grad()) {
           wanted.push_back(torch::autograd::impl::gradient_edge(detached[i]));
-          index.push_back(i);
+          index.push_back(1 + i);
         }
+      }
+      auto capture_edges = param_grads.edges();
+      for (size_t j = 0; j < n_params; ++j) {
+        wanted.push_back(capture_edges[j]);
+        index.push_back(1 + detached.size() + j);
       }
       if (!wanted.empty()) {
         auto gs = engine.execute(roots, root_grads, /*keep_graph=*/create_graph, create_graph,
                                  /*accumulate_grad=*/false, wanted);
-        for (size_t k = 0; k < index.size(); ++k) result[1 + index[k]] = gs[k];
+        for (size_t k = 0; k < index.size(); ++k) result[index[k]] = gs[k];
       }
     }
     return result;
@@ -641,9 +695,8 @@ void ckpt_sink_error(void* sink, const char* msg, size_t len) {
 // (it is dropped through `drop` when the graph frees the node, or at once on failure).
 // Outputs are handed to `push_out(out_ctx, ..)` (ownership passes to the callee).
 // Returns 0 on success, else reports through `set_err(out_ctx, ..)` and returns 1.
-int32_t ckpt_apply(void* closure, ckpt_run_fn run, ckpt_drop_fn drop, const tensor* inputs,
-                   size_t n_inputs, int32_t preserve_rng_state, int32_t determinism_check,
-                   const char* name, size_t name_len, void* fwd_ctx, void* out_ctx,
+int32_t ckpt_apply(void* closure, ckpt_run_fn run, ckpt_drop_fn drop,
+                   const ckpt_segment_spec* spec, void* fwd_ctx, void* out_ctx,
                    ckpt_push_fn push_out, ckpt_msg_fn set_err) {
   c10::intrusive_ptr<Segment> seg;
   try {
@@ -655,19 +708,25 @@ int32_t ckpt_apply(void* closure, ckpt_run_fn run, ckpt_drop_fn drop, const tens
   }
   try {
     install_counting_allocator();
-    seg->name.assign(name, name_len);
-    seg->preserve_rng_state = preserve_rng_state != 0;
-    seg->determinism_check = determinism_check != 0;
+    seg->name.assign(spec->name, spec->name_len);
+    seg->preserve_rng_state = spec->preserve_rng_state != 0;
+    seg->determinism_check = spec->determinism_check != 0;
     std::vector<at::Tensor> in;
-    in.reserve(n_inputs);
-    for (size_t i = 0; i < n_inputs; ++i) {
-      check(inputs[i]->defined(), "checkpoint `", seg->name, "`: input ", i,
-                  " is an undefined tensor");
-      in.push_back(*inputs[i]);
+    in.reserve(spec->n_inputs);
+    for (size_t i = 0; i < spec->n_inputs; ++i) {
+      check(spec->inputs[i]->defined(), "checkpoint `", seg->name, "`: input ", i,
+            " is an undefined tensor");
+      in.push_back(*spec->inputs[i]);
     }
+    std::vector<at::Tensor> listed;
+    listed.reserve(spec->n_params);
+    for (size_t i = 0; i < spec->n_params; ++i) listed.push_back(*spec->params[i]);
+    seg->params = ckpt::node_params(listed, in);
+    std::vector<at::Tensor> forward_outs = run_forward(*seg, in, fwd_ctx);
+    std::vector<at::Tensor> params = seg->params;
     at::Tensor dummy = at::empty({0}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true);
-    variable_list outs =
-        CheckpointFunction::apply(dummy, at::TensorList(in), std::move(seg), fwd_ctx);
+    variable_list outs = CheckpointFunction::apply(dummy, at::TensorList(in), at::TensorList(params),
+                                                   std::move(seg), &forward_outs);
     for (const auto& o : outs) push_out(out_ctx, new at::Tensor(o));
     return 0;
   } catch (...) {

@@ -1,14 +1,18 @@
 // Declarations shared by csrc/ckpt.cpp and the files that keep its additions apart:
-// csrc/buffers.cpp (running statistics of batch norm during recompute and profiling) and
-// csrc/rng.cpp (generator snapshots taken only when a segment draws random numbers).
+// csrc/buffers.cpp (running statistics of batch norm during recompute and profiling),
+// csrc/rng.cpp (generator snapshots taken only when a segment draws random numbers) and
+// csrc/params.cpp (captured parameters as inputs of the node).
 #pragma once
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <memory>
 #include <set>
+#include <unordered_map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -51,5 +55,75 @@ struct RngProbe {
   // empty: its recompute draws none either, so nothing needs to be restored for it.
   void moved(at::Tensor& cpu_state, CudaStates& cuda_states) const;
 };
+
+// ---- params.cpp
+
+// The parameters among `listed` that the node takes as inputs: defined leaves that require
+// grad, each once, and not among the segment's `inputs` (which are inputs already).
+std::vector<at::Tensor> node_params(const std::vector<at::Tensor>& listed,
+                                    const std::vector<at::Tensor>& inputs);
+
+// While alive, records which of `params` the ops run on this thread take as inputs (a
+// segment's forward run: see params.cpp). Nothing is recorded, and ops pay nothing, when
+// `params` is empty.
+class ParamUsage {
+ public:
+  explicit ParamUsage(const std::vector<at::Tensor>& params);
+  ~ParamUsage();
+  ParamUsage(const ParamUsage&) = delete;
+  ParamUsage& operator=(const ParamUsage&) = delete;
+
+  // `params` that an op read so far, in their order.
+  std::vector<at::Tensor> used() const;
+  void mark(const c10::TensorImpl* impl);
+
+ private:
+  std::vector<at::Tensor> params_;
+  std::vector<bool> used_;
+  std::unordered_map<const c10::TensorImpl*, size_t> index_;
+  bool active_ = false;
+};
+
+// The gradients of a segment's parameters in one recompute, caught on their way to the
+// parameters' accumulators (see params.cpp).
+class ParamGrads {
+ public:
+  // `pass_on` (double backward): the capture nodes lead on to the real accumulators, for
+  // a later backward through the recomputed graph; the recompute's backward must then
+  // capture their inputs as wanted outputs (it cannot accumulate).
+  ParamGrads(const std::vector<at::Tensor>& params, bool pass_on);
+
+  // While alive, graph recorded for a parameter leads to its capture node (the recompute's
+  // forward runs inside one); the destructor puts the real accumulators back.
+  class Redirect {
+   public:
+    explicit Redirect(const ParamGrads& g);
+    ~Redirect();
+    Redirect(const Redirect&) = delete;
+    Redirect& operator=(const Redirect&) = delete;
+
+   private:
+    void restore() noexcept;
+    std::vector<std::pair<at::Tensor, c10::weak_intrusive_ptr<torch::autograd::Node>>> saved_;
+  };
+
+  // Edges to the capture nodes, in parameter order (the outputs wanted from the engine when
+  // nothing may accumulate).
+  torch::autograd::edge_list edges() const;
+  // The gradient that reached parameter `i`'s capture node in a backward that ran it
+  // (undefined if none did).
+  at::Tensor grad(size_t i) const;
+
+ private:
+  std::vector<at::Tensor> params_;
+  std::vector<c10::intrusive_ptr<torch::autograd::Node>> capture_;
+};
+
+// In a backward with explicit inputs (`run_backward`): the description ("[3, 4] Float") of a
+// leaf that the recomputed graph from `roots` reaches (not through the recompute's inputs,
+// `stash`) and whose gradient the caller asked for, though the node does not list it (a
+// tensor the closure captured without `ckpt` seeing it); empty if there is none.
+std::string requested_but_unseen(const torch::autograd::edge_list& roots,
+                                 const std::vector<at::Tensor>& stash);
 
 }  // namespace ckpt

@@ -7,7 +7,7 @@ use std::panic::{AssertUnwindSafe, Location, catch_unwind};
 use tch::Tensor;
 
 use crate::ffi::{self, ApplyError};
-use crate::{CkptError, Stash};
+use crate::{CkptError, ShallowClone, Stash};
 
 /// Options of one checkpointed segment, with PyTorch's defaults
 /// (`torch.utils.checkpoint.checkpoint`).
@@ -25,6 +25,38 @@ pub struct CheckpointOptions {
     pub(crate) determinism_check: bool,
     pub(crate) name: Option<String>,
     pub(crate) policy: Policy,
+    pub(crate) parameters: Parameters,
+}
+
+/// The tensors listed by [`CheckpointOptions::parameters`]: handles sharing the
+/// caller's tensors. Two lists are equal when they hold the same tensors in the same
+/// order (same storage, sizes and strides).
+#[derive(Default)]
+pub(crate) struct Parameters(pub(crate) Vec<Tensor>);
+
+impl Clone for Parameters {
+    fn clone(&self) -> Self {
+        Parameters(self.0.iter().map(Tensor::shallow_clone).collect())
+    }
+}
+
+impl PartialEq for Parameters {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.len() == other.0.len()
+            && self
+                .0
+                .iter()
+                .zip(&other.0)
+                .all(|(a, b)| a.f_is_set_to(b).unwrap_or(false))
+    }
+}
+
+impl Eq for Parameters {}
+
+impl std::fmt::Debug for Parameters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} tensors", self.0.len())
+    }
 }
 
 impl Default for CheckpointOptions {
@@ -41,6 +73,7 @@ impl CheckpointOptions {
             determinism_check: true,
             name: None,
             policy: Policy::RECOMPUTE_ALL,
+            parameters: Parameters::default(),
         }
     }
 
@@ -81,6 +114,47 @@ impl CheckpointOptions {
     /// checkpointing; default [`Policy::RECOMPUTE_ALL`]).
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// Lists tensors the closure captures (parameters), adding to those listed before.
+    ///
+    /// The leaves among them that require grad become inputs of the checkpoint node, as
+    /// the segment's inputs are: `Tensor::run_backward(&[loss], &[w], ..)` then returns
+    /// `w`'s gradient, and `w`'s gradient is accumulated once per backward with the sum
+    /// over every segment that lists it, as without checkpointing (gradient hooks and
+    /// `ckpt::dist`'s DDP see one accumulation; the values are the same either way). A
+    /// captured tensor that is not listed still gets its gradient from `backward()`, accumulated in
+    /// the recompute (once per segment that uses it), and `run_backward` cannot return
+    /// it: asking for it is an error when `ckpt` can tell (the tensor's accumulator
+    /// exists: it is used outside the segment too), an undefined gradient otherwise.
+    ///
+    /// `#[checkpointed]`, `model!` and [`checkpoint_sequential`](crate::checkpoint_sequential)
+    /// list the tensors of the modules they capture through [`ShallowClone`] themselves.
+    /// A listed tensor the segment does not use costs nothing but an edge of the graph.
+    /// For closure-built modules (`nn::FuncT`), list the `VarStore`'s variables:
+    ///
+    /// ```no_run
+    /// # extern crate ckpt_runtime as ckpt;
+    /// use ckpt::{CheckpointOptions, checkpoint_with};
+    /// use tch::nn::{self, ModuleT};
+    /// let vs = nn::VarStore::new(tch::Device::Cpu);
+    /// let block = nn::seq_t().add(nn::linear(vs.root() / "l", 4, 4, Default::default()));
+    /// let opts = CheckpointOptions::new().parameters(&vs.trainable_variables());
+    /// # let xs = tch::Tensor::zeros([2, 4], (tch::Kind::Float, tch::Device::Cpu));
+    /// let ys = checkpoint_with(&opts, move |x: tch::Tensor| block.forward_t(&x, true), xs);
+    /// ```
+    pub fn parameters<'a>(mut self, tensors: impl IntoIterator<Item = &'a Tensor>) -> Self {
+        self.parameters
+            .0
+            .extend(tensors.into_iter().map(Tensor::shallow_clone));
+        self
+    }
+
+    /// Lists the tensors `module` holds ([`ShallowClone::visit_tensors`]), as
+    /// [`parameters`](Self::parameters) does.
+    pub fn parameters_of<T: ShallowClone>(mut self, module: &T) -> Self {
+        module.visit_tensors(&mut |t| self.parameters.0.push(t.shallow_clone()));
         self
     }
 }
@@ -335,6 +409,7 @@ where
             Box::new(erased),
             name,
             &stash,
+            &options.parameters.0,
             options.preserve_rng_state,
             options.determinism_check,
         )

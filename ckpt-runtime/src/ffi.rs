@@ -17,20 +17,28 @@ type DropFn = extern "C" fn(*mut c_void);
 type PushFn = extern "C" fn(*mut c_void, *mut C_tensor);
 type MsgFn = extern "C" fn(*mut c_void, *const u8, usize);
 
+/// `ckpt_segment_spec` of `csrc/ckpt.cpp`: what one segment is made of, besides its
+/// closure. The pointers borrow Rust values for the duration of one `ckpt_apply` call.
+#[repr(C)]
+struct SegmentSpec {
+    inputs: *const *mut C_tensor,
+    n_inputs: usize,
+    params: *const *mut C_tensor,
+    n_params: usize,
+    name: *const u8,
+    name_len: usize,
+    preserve_rng_state: i32,
+    determinism_check: i32,
+}
+
 unsafe extern "C" {
     fn ckpt_sink_push(sink: *mut c_void, t: *mut C_tensor);
     fn ckpt_sink_error(sink: *mut c_void, msg: *const u8, len: usize);
-    #[allow(clippy::too_many_arguments)]
     fn ckpt_apply(
         closure: *mut c_void,
         run: RunFn,
         drop: DropFn,
-        inputs: *const *mut C_tensor,
-        n_inputs: usize,
-        preserve_rng_state: i32,
-        determinism_check: i32,
-        name: *const u8,
-        name_len: usize,
+        spec: *const SegmentSpec,
         fwd_ctx: *mut c_void,
         out_ctx: *mut c_void,
         push_out: PushFn,
@@ -244,34 +252,45 @@ pub(crate) enum ApplyError {
 }
 
 /// Runs `run` as a checkpointed segment through the C++ node and returns its output
-/// tensors and skeleton.
+/// tensors and skeleton. `params` are tensors `run` captured; those that are leaves
+/// requiring grad become inputs of the node (`csrc/params.cpp`).
 pub(crate) fn apply(
     run: Box<ErasedFn>,
     name: String,
     inputs: &[Tensor],
+    params: &[Tensor],
     preserve_rng_state: bool,
     determinism_check: bool,
 ) -> Result<(Vec<Tensor>, Box<dyn Any>), ApplyError> {
     let name_bytes = name.clone().into_bytes();
     let closure = Box::into_raw(Box::new(Closure { run, name })) as *mut c_void;
-    let ptrs: Vec<*mut C_tensor> = inputs.iter().map(|t| t.as_ptr() as *mut C_tensor).collect();
+    let ptrs = |ts: &[Tensor]| -> Vec<*mut C_tensor> {
+        ts.iter().map(|t| t.as_ptr() as *mut C_tensor).collect()
+    };
+    let (input_ptrs, param_ptrs) = (ptrs(inputs), ptrs(params));
+    let spec = SegmentSpec {
+        inputs: input_ptrs.as_ptr(),
+        n_inputs: input_ptrs.len(),
+        params: param_ptrs.as_ptr(),
+        n_params: param_ptrs.len(),
+        name: name_bytes.as_ptr(),
+        name_len: name_bytes.len(),
+        preserve_rng_state: preserve_rng_state as i32,
+        determinism_check: determinism_check as i32,
+    };
     let mut slot = ForwardSlot::default();
     let mut out = Outputs::default();
     // SAFETY: `ckpt_apply` takes ownership of `closure` (dropping it through
-    // `drop_callback`); the input pointers stay valid for the call because `inputs`
-    // borrows their owners; `slot` and `out` outlive the call; the callbacks match the
-    // C++ typedefs.
+    // `drop_callback`); `spec`'s pointers stay valid for the call because `input_ptrs`,
+    // `param_ptrs` and `name_bytes` live to the end of this function and `inputs` and
+    // `params` borrow the tensors they point to (C++ copies what it keeps); `slot` and
+    // `out` outlive the call; `SegmentSpec` and the callbacks match the C++ declarations.
     let rc = unsafe {
         ckpt_apply(
             closure,
             run_callback,
             drop_callback,
-            ptrs.as_ptr(),
-            ptrs.len(),
-            preserve_rng_state as i32,
-            determinism_check as i32,
-            name_bytes.as_ptr(),
-            name_bytes.len(),
+            &spec,
             &mut slot as *mut ForwardSlot as *mut c_void,
             &mut out as *mut Outputs as *mut c_void,
             push_output,

@@ -176,19 +176,38 @@ pub fn slice_to_vec<T: ShallowClone + Stash>(values: &[T]) -> Vec<T> {
 }
 
 /// The one shallow clone of `self` (or of a `&Module` parameter) per call, shared by the
-/// segments of the call.
-pub fn capture<T: ShallowClone + Send + 'static>(value: &T) -> Shared<T> {
-    Shared::new(value.shallow_clone())
+/// segments of the call, and the call's options with its tensors listed
+/// ([`CheckpointOptions::parameters_of`]): the segments' nodes take them as inputs.
+pub fn capture<T: ShallowClone + Send + 'static>(
+    options: CheckpointOptions,
+    value: &T,
+) -> (CheckpointOptions, Shared<T>) {
+    (
+        options.parameters_of(value),
+        Shared::new(value.shallow_clone()),
+    )
 }
 
 /// [`capture`] of a `&[T]` parameter of modules (a slice of layers).
-pub fn capture_slice<T: ShallowClone + Send + 'static>(value: &[T]) -> Shared<Vec<T>> {
-    Shared::new(value.iter().map(T::shallow_clone).collect())
+pub fn capture_slice<T: ShallowClone + Send + 'static>(
+    options: CheckpointOptions,
+    value: &[T],
+) -> (CheckpointOptions, Shared<Vec<T>>) {
+    capture(options, &value.iter().map(T::shallow_clone).collect())
 }
 
 /// [`capture`] of an `Option<&T>` module parameter.
-pub fn capture_opt<T: ShallowClone + Send + 'static>(value: Option<&T>) -> Option<Shared<T>> {
-    value.map(capture)
+pub fn capture_opt<T: ShallowClone + Send + 'static>(
+    options: CheckpointOptions,
+    value: Option<&T>,
+) -> (CheckpointOptions, Option<Shared<T>>) {
+    match value {
+        Some(v) => {
+            let (options, shared) = capture(options, v);
+            (options, Some(shared))
+        }
+        None => (options, None),
+    }
 }
 
 /// Autoref specialization for `#[derive(ShallowClone)]`: `(&&&Dup(&field)).__ckpt_dup()`
@@ -206,6 +225,33 @@ impl<T: ShallowClone> ViaShallowClone<T> for &&Dup<'_, T> {
     fn __ckpt_dup(&self) -> T {
         self.0.shallow_clone()
     }
+}
+
+/// `ShallowClone::visit_tensors` of a derived struct's field, dispatched as [`Dup`]'s
+/// copy is: the field's tensors when it is `ShallowClone`, none when it is only `Clone`.
+pub struct Visit<'a, T>(pub &'a T);
+
+/// Picked first, when `T: ShallowClone`.
+pub trait VisitShallowClone {
+    /// Visits the field's tensors.
+    fn __ckpt_visit(&self, f: &mut dyn FnMut(&Tensor));
+}
+
+impl<T: ShallowClone> VisitShallowClone for &Visit<'_, T> {
+    fn __ckpt_visit(&self, f: &mut dyn FnMut(&Tensor)) {
+        self.0.visit_tensors(f)
+    }
+}
+
+/// Picked otherwise: a `Clone` field (configuration) holds no tensors `ckpt` can see;
+/// a field that is neither is reported by the copy ([`FieldCopy`]), once.
+pub trait VisitOther {
+    /// Visits nothing.
+    fn __ckpt_visit(&self, f: &mut dyn FnMut(&Tensor));
+}
+
+impl<T> VisitOther for Visit<'_, T> {
+    fn __ckpt_visit(&self, _f: &mut dyn FnMut(&Tensor)) {}
 }
 
 /// Picked next, when `T: Clone`.

@@ -144,7 +144,8 @@ where
             .iter()
             .map(ShallowClone::shallow_clone)
             .collect();
-        let options = CheckpointOptions::new();
+        // The group's tensors are inputs of its node (`CheckpointOptions::parameters_of`).
+        let options = CheckpointOptions::new().parameters_of(&group);
         let name = format!(
             "checkpoint_sequential segment {} of {} (modules {}..{})",
             k + 1,

@@ -30,11 +30,26 @@ use tch::{Device, Kind, Tensor};
 pub trait ShallowClone {
     /// A copy sharing every tensor with `self`.
     fn shallow_clone(&self) -> Self;
+
+    /// Calls `f` on every tensor `self` holds (weights, biases, buffers), so that a
+    /// checkpoint can list them as inputs of its node
+    /// ([`CheckpointOptions::parameters_of`](crate::CheckpointOptions::parameters_of)):
+    /// then `run_backward` returns their gradients and each is accumulated once per
+    /// backward. The default visits nothing (the tensors stay unseen: their gradients are
+    /// accumulated in the recompute, as for any captured tensor); the derive, the
+    /// implementations of this crate and `model!` visit every tensor.
+    fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor)) {
+        let _ = f;
+    }
 }
 
 impl ShallowClone for Tensor {
     fn shallow_clone(&self) -> Self {
         Tensor::shallow_clone(self)
+    }
+
+    fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor)) {
+        f(self)
     }
 }
 
@@ -83,11 +98,21 @@ impl<T: ShallowClone> ShallowClone for Option<T> {
     fn shallow_clone(&self) -> Self {
         self.as_ref().map(T::shallow_clone)
     }
+
+    fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor)) {
+        if let Some(t) = self {
+            t.visit_tensors(f);
+        }
+    }
 }
 
 impl<T: ShallowClone> ShallowClone for Vec<T> {
     fn shallow_clone(&self) -> Self {
         self.iter().map(T::shallow_clone).collect()
+    }
+
+    fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor)) {
+        self.iter().for_each(|t| t.visit_tensors(f));
     }
 }
 
@@ -95,11 +120,19 @@ impl<T: ShallowClone> ShallowClone for Box<T> {
     fn shallow_clone(&self) -> Self {
         Box::new(T::shallow_clone(self))
     }
+
+    fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor)) {
+        T::visit_tensors(self, f);
+    }
 }
 
 impl<T: ShallowClone, const N: usize> ShallowClone for [T; N] {
     fn shallow_clone(&self) -> Self {
         std::array::from_fn(|i| self[i].shallow_clone())
+    }
+
+    fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor)) {
+        self.iter().for_each(|t| t.visit_tensors(f));
     }
 }
 
@@ -120,6 +153,10 @@ macro_rules! tuples {
         impl<$($name: ShallowClone),+> ShallowClone for ($($name,)+) {
             fn shallow_clone(&self) -> Self {
                 ($(self.$idx.shallow_clone(),)+)
+            }
+
+            fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor)) {
+                $(self.$idx.visit_tensors(f);)+
             }
         }
     )*};
@@ -196,6 +233,15 @@ impl<T: Module> Shared<T> {
     }
 }
 
+/// `visit_tensors` of a layer: the listed tensor fields, `Option`s included.
+macro_rules! visit_fields {
+    ($($field:ident),+) => {
+        fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor)) {
+            $(ShallowClone::visit_tensors(&self.$field, f);)+
+        }
+    };
+}
+
 impl ShallowClone for nn::Linear {
     fn shallow_clone(&self) -> Self {
         nn::Linear {
@@ -203,17 +249,27 @@ impl ShallowClone for nn::Linear {
             bs: self.bs.shallow_clone(),
         }
     }
+
+    visit_fields!(ws, bs);
 }
 
 impl ShallowClone for nn::LSTMState {
     fn shallow_clone(&self) -> Self {
         nn::LSTMState(self.0.shallow_clone())
     }
+
+    fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor)) {
+        self.0.visit_tensors(f);
+    }
 }
 
 impl ShallowClone for nn::GRUState {
     fn shallow_clone(&self) -> Self {
         nn::GRUState(self.0.shallow_clone())
+    }
+
+    fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor)) {
+        self.0.visit_tensors(f);
     }
 }
 
@@ -259,6 +315,8 @@ impl ShallowClone for nn::LayerNorm {
             })
         }
     }
+
+    visit_fields!(ws, bs);
 }
 
 impl ShallowClone for nn::GroupNorm {
@@ -272,6 +330,8 @@ impl ShallowClone for nn::GroupNorm {
             })
         }
     }
+
+    visit_fields!(ws, bs);
 }
 
 impl ShallowClone for nn::BatchNorm {
@@ -288,6 +348,8 @@ impl ShallowClone for nn::BatchNorm {
             })
         }
     }
+
+    visit_fields!(ws, bs, running_mean, running_var);
 }
 
 impl ShallowClone for nn::Embedding {
@@ -299,6 +361,8 @@ impl ShallowClone for nn::Embedding {
             })
         }
     }
+
+    visit_fields!(ws);
 }
 
 impl<ND: Copy> ShallowClone for nn::ConvTransposeND<ND> {
@@ -312,6 +376,8 @@ impl<ND: Copy> ShallowClone for nn::ConvTransposeND<ND> {
             })
         }
     }
+
+    visit_fields!(ws, bs);
 }
 
 /// `nn::Conv` keeps a private `Vec` next to its private config, so a bitwise copy would
@@ -341,6 +407,8 @@ impl<ND: ConvDims + std::fmt::Debug> ShallowClone for nn::Conv<ND> {
         conv.bs = self.bs.shallow_clone();
         conv
     }
+
+    visit_fields!(ws, bs);
 }
 
 fn conv_config<ND: ConvDims>(debug: &str, bias: bool) -> Option<nn::ConvConfigND<ND>> {
@@ -480,18 +548,28 @@ fn rnn_layout_checked() -> bool {
     })
 }
 
+/// The fields of a GRU or LSTM, read through [`RnnFields`].
+///
+/// # Safety
+///
+/// `R` must be `nn::GRU` or `nn::LSTM`.
+unsafe fn rnn_fields<R>(orig: &R) -> &RnnFields {
+    assert!(
+        rnn_layout_checked(),
+        "ckpt: the layout of tch's nn::GRU / nn::LSTM is not the one ckpt was written for (tch 0.26.0); wrap the layer in ckpt::Shared"
+    );
+    // SAFETY: `R` is a GRU or an LSTM, whose layout the mirror's was checked to be.
+    unsafe { &*(orig as *const R).cast::<RnnFields>() }
+}
+
 /// The shallow clone of a GRU or LSTM read through [`RnnFields`].
 ///
 /// # Safety
 ///
 /// `R` must be `nn::GRU` or `nn::LSTM`.
 unsafe fn rnn_shallow_clone<R>(orig: &R, to_r: fn(RnnFields) -> R) -> R {
-    assert!(
-        rnn_layout_checked(),
-        "ckpt: the layout of tch's nn::GRU / nn::LSTM is not the one ckpt was written for (tch 0.26.0); wrap the layer in ckpt::Shared"
-    );
-    // SAFETY: `R` is a GRU or an LSTM, whose layout the mirror's was checked to be.
-    let fields = unsafe { &*(orig as *const R).cast::<RnnFields>() };
+    // SAFETY: as this function's contract.
+    let fields = unsafe { rnn_fields(orig) };
     to_r(RnnFields {
         flat_weights: fields
             .flat_weights
@@ -511,6 +589,11 @@ impl ShallowClone for nn::GRU {
         // SAFETY: `Self` is `nn::GRU`; the transmute is of the mirror checked above.
         unsafe { rnn_shallow_clone(self, |f| std::mem::transmute::<RnnFields, nn::GRU>(f)) }
     }
+
+    fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor)) {
+        // SAFETY: `Self` is `nn::GRU`.
+        unsafe { rnn_fields(self) }.flat_weights.iter().for_each(f);
+    }
 }
 
 impl ShallowClone for nn::LSTM {
@@ -519,5 +602,10 @@ impl ShallowClone for nn::LSTM {
     fn shallow_clone(&self) -> Self {
         // SAFETY: `Self` is `nn::LSTM`; the transmute is of the mirror checked above.
         unsafe { rnn_shallow_clone(self, |f| std::mem::transmute::<RnnFields, nn::LSTM>(f)) }
+    }
+
+    fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor)) {
+        // SAFETY: `Self` is `nn::LSTM`.
+        unsafe { rnn_fields(self) }.flat_weights.iter().for_each(f);
     }
 }

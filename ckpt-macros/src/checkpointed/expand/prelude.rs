@@ -30,7 +30,7 @@ pub(super) fn prelude(
     let self_capture = match (groups.iter().any(|g| g.uses_self), plan.self_span) {
         (true, Some(span)) => {
             let self_token = Ident::new("self", span);
-            quote_spanned!(span=> let #shared_self = ::ckpt::__private::capture(#self_token);)
+            quote_spanned!(span=> let (#options, #shared_self) = ::ckpt::__private::capture(#options, #self_token);)
         }
         _ => TokenStream::new(),
     };
@@ -41,7 +41,7 @@ pub(super) fn prelude(
             ParamKind::CaptureSlice => quote!(capture_slice),
             _ => quote!(capture),
         };
-        quote_spanned!(c.span()=> let #shared = ::ckpt::__private::#capture(#c);)
+        quote_spanned!(c.span()=> let (#options, #shared) = ::ckpt::__private::#capture(#options, #c);)
     });
     quote! {
         let #options = #new_options;

@@ -97,7 +97,7 @@ pub(super) fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
             .expect("a schedule gives at least one range");
         let mut #h = #t::shallow_clone(#xs);
         if !#ckpt.is_empty() {
-            let #shared = ::ckpt::__private::capture(self);
+            let (#options, #shared) = ::ckpt::__private::capture(#options, self);
             let #count = #ranges.len();
             for (#k, #range) in #ckpt.iter().enumerate() {
                 let #name = ::ckpt::__private::chain_segment_name(

@@ -91,6 +91,14 @@ pub(super) fn shallow_clone_impl(model: &Model, stub: bool) -> TokenStream {
         };
         quote!(#ident: #value)
     });
+    let sc_visits = fields(model).map(|f| {
+        let ident = &f.ident;
+        if matches!(f.kind, FieldKind::Plain) {
+            quote!((&&::ckpt::__private::Visit(&self.#ident)).__ckpt_visit(__ckpt_f);)
+        } else {
+            quote!(::ckpt::__private::ShallowClone::visit_tensors(&self.#ident, __ckpt_f);)
+        }
+    });
     let sc_hidden = dropouts(model)
         .map(|(k, _)| {
             let f = dropout_field(k);
@@ -112,6 +120,12 @@ pub(super) fn shallow_clone_impl(model: &Model, stub: bool) -> TokenStream {
                     #(#sc_fields,)*
                     #(#sc_hidden,)*
                 }
+            }
+
+            fn visit_tensors(&self, __ckpt_f: &mut dyn ::core::ops::FnMut(&::ckpt::__private::tch::Tensor)) {
+                #[allow(unused_imports)]
+                use ::ckpt::__private::{VisitOther as _, VisitShallowClone as _};
+                #(#sc_visits)*
             }
         }
     }
