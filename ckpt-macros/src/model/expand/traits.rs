@@ -10,7 +10,7 @@ use syn::Generics;
 use super::{
     dropout_field, dropouts, fields, located_at, needs_train, tensor, type_span, with_bounds,
 };
-use crate::model::ast::{FieldKind, Model};
+use crate::model::ast::{FieldItem, FieldKind, Model};
 
 /// `Module::forward` or `ModuleT::forward_t` on `generics`: the forward chain, or
 /// (`stub`) `unimplemented!()`.
@@ -70,12 +70,14 @@ pub(super) fn shallow_clone_impl(model: &Model, stub: bool) -> TokenStream {
     }
     let sc = with_bounds(&model.generics, quote!(::ckpt::__private::ShallowClone));
     let (sc_impl, ty_g, sc_where) = sc.split_for_impl();
+    // Errors about a field's type (not `ShallowClone`) point at the type, once.
+    let field_span = |f: &FieldItem| match &f.kind {
+        FieldKind::Repeated { elem, .. } => type_span(elem),
+        _ => type_span(&f.ty),
+    };
     let sc_fields = fields(model).map(|f| {
         let ident = &f.ident;
-        let span = match &f.kind {
-            FieldKind::Repeated { elem, .. } => type_span(elem),
-            _ => type_span(&f.ty),
-        };
+        let span = field_span(f);
         // Stages hold tensors: `ShallowClone` (its message suggests the derive or
         // `ckpt::Shared`); `#[field]`s may be plain configuration values: `Clone` then.
         let value = if matches!(f.kind, FieldKind::Plain) {
@@ -93,11 +95,13 @@ pub(super) fn shallow_clone_impl(model: &Model, stub: bool) -> TokenStream {
     });
     let sc_visits = fields(model).map(|f| {
         let ident = &f.ident;
-        if matches!(f.kind, FieldKind::Plain) {
-            quote!((&&::ckpt::__private::Visit(&self.#ident)).__ckpt_visit(__ckpt_f);)
+        let visit = if matches!(f.kind, FieldKind::Plain) {
+            quote!((&&::ckpt::__private::Visit(&self.#ident)).__ckpt_visit(__ckpt_f))
         } else {
-            quote!(::ckpt::__private::ShallowClone::visit_tensors(&self.#ident, __ckpt_f);)
-        }
+            quote!(::ckpt::__private::ShallowClone::visit_tensors(&self.#ident, __ckpt_f))
+        };
+        let visit = located_at(visit, field_span(f));
+        quote!(#visit;)
     });
     let sc_hidden = dropouts(model)
         .map(|(k, _)| {
