@@ -8,7 +8,7 @@ use syn::Ident;
 
 use super::prelude::{module_state, prelude, segment_name_tokens};
 use super::stash::{SegmentInputs, nest, out_pattern, out_value};
-use super::{allow_unused_mut_params, emit_stmt};
+use super::{emit_stmt, head};
 use crate::args::Args;
 use crate::checkpointed::analysis::{Group as SegmentGroup, Plan};
 use crate::checkpointed::parse::Function;
@@ -22,10 +22,7 @@ pub(super) fn expand_static(
     plan: &Plan,
     warn: &TokenStream,
 ) -> TokenStream {
-    let Function {
-        attrs, vis, sig, ..
-    } = func;
-    let sig = &allow_unused_mut_params(sig);
+    let head = head(func);
     let count = plan.groups.len();
     let items = plan.items.iter().map(|s| emit_stmt(s, false));
 
@@ -49,8 +46,7 @@ pub(super) fn expand_static(
         .map(|s| emit_stmt(s, false));
 
     quote! {
-        #(#attrs)*
-        #vis #sig {
+        #head {
             #warn
             #(#items)*
             #prelude
@@ -68,10 +64,7 @@ pub(super) fn expand_whole(
     plan: &Plan,
     warn: &TokenStream,
 ) -> TokenStream {
-    let Function {
-        attrs, vis, sig, ..
-    } = func;
-    let sig = &allow_unused_mut_params(sig);
+    let head = head(func);
     let items = plan.items.iter().map(|s| emit_stmt(s, false));
     let options = mixed("__ckpt_options");
     let shared_self = mixed("__ckpt_shared_self");
@@ -94,8 +87,7 @@ pub(super) fn expand_whole(
         quote!(::ckpt::__private::segment)
     };
     quote! {
-        #(#attrs)*
-        #vis #sig {
+        #head {
             #warn
             #(#items)*
             #prelude

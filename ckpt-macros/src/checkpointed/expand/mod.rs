@@ -75,6 +75,16 @@ fn emit_stmt(stmt: &Stmt, rewrite_self: bool) -> Stmt {
     stmt
 }
 
+/// The function's attributes, visibility and signature, as every layout emits them
+/// ([`allow_unused_mut_params`]).
+fn head(func: &Function) -> TokenStream {
+    let Function {
+        attrs, vis, sig, ..
+    } = func;
+    let sig = allow_unused_mut_params(sig);
+    quote!(#(#attrs)* #vis #sig)
+}
+
 /// A `mut` parameter that a segment takes over is rebound (with its `mut`) inside the
 /// segment, so the parameter's own `mut` may go unused in the expansion: silence that
 /// lint on exactly those parameters, so users with `-D warnings` see no warning that

@@ -10,7 +10,7 @@ use syn::{Expr, Ident, Pat, Stmt};
 
 use super::prelude::{module_state, owner, prelude};
 use super::stash::{binding_pat, nest, out_pattern, out_value, ref_rebind, ref_to_stash};
-use super::{RewriteSelf, allow_unused_mut_params, emit_stmt};
+use super::{RewriteSelf, emit_stmt, head};
 use crate::args::Args;
 use crate::checkpointed::analysis::{Binding, Plan};
 use crate::checkpointed::body::{self, LoopKind, LoopUnit};
@@ -40,10 +40,7 @@ pub(super) fn expand_runtime(
     schedule: Schedule,
     warn: &TokenStream,
 ) -> TokenStream {
-    let Function {
-        attrs, vis, sig, ..
-    } = func;
-    let sig = &allow_unused_mut_params(sig);
+    let head = head(func);
     let stages = &plan.groups[..plan.groups.len() - 1];
     let n = stages.len();
     let n_params = plan.params.len();
@@ -409,8 +406,7 @@ pub(super) fn expand_runtime(
     let tail_out_slot = tail_out.iter();
     let tail_name = unit_label(plan, plan.stmts.len() - 1);
     quote! {
-        #(#attrs)*
-        #vis #sig {
+        #head {
             #warn
             #(#items)*
             #[allow(unused_imports)]
