@@ -5,6 +5,8 @@
 //!   `checkpoint_sequential`), for `checkpoint_sequential`, `model!` and
 //!   `#[checkpointed]` alike (the macro applies it at compile time when the number of
 //!   stages is known then, the runtime otherwise).
+//! - [`cut_ranges`]: the segments between cuts (`ckpt::cut!()` markers, a plan's cuts,
+//!   `Schedule::Cuts`).
 //! - [`parse`]: the grammar of memory budgets (`ckpt::plan::Budget`'s `FromStr` at run
 //!   time, `budget = ".."` checked at compile time):
 //!
@@ -37,6 +39,23 @@ pub fn sequential_ranges(len: usize, segments: usize) -> Vec<Range<usize>> {
         .collect();
     ranges.push((segments - 1) * size..len);
     ranges
+}
+
+/// The segments of a chain of `len` stages cut before each stage in `cuts` (strictly
+/// increasing, within `1..len`; not checked): `cuts.len() + 1` contiguous ranges
+/// covering `0..len`, in order.
+///
+/// ```
+/// # use ckpt_budget::cut_ranges;
+/// assert_eq!(cut_ranges(&[2, 5], 8), vec![0..2, 2..5, 5..8]);
+/// assert_eq!(cut_ranges(&[], 3), vec![0..3]);
+/// ```
+pub fn cut_ranges(cuts: &[usize], len: usize) -> Vec<Range<usize>> {
+    let bounds: Vec<usize> = std::iter::once(0)
+        .chain(cuts.iter().copied())
+        .chain(std::iter::once(len))
+        .collect();
+    bounds.windows(2).map(|w| w[0]..w[1]).collect()
 }
 
 /// A parsed budget.

@@ -12,6 +12,7 @@ use syn::{Ident, LitBool, LitInt, LitStr, Token};
 
 use crate::budget::{self, Objective};
 use crate::ctxt::Ctxt;
+use crate::shared;
 
 /// Where the attribute is: the valid segment counts differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +85,32 @@ pub(crate) fn options_tokens(
     quote::quote!(::ckpt::__private::CheckpointOptions::new() #preserve #determinism #policy)
 }
 
+/// How a chain of stages is cut, as `segments` / `budget` say: the same on a function and
+/// on a `model!`, where it becomes the runtime's schedule ([`Schedule::tokens`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Schedule {
+    /// `segments = N`: `N` groups as `ckpt_budget::sequential_ranges` makes them (PyTorch's
+    /// `checkpoint_sequential`: 8 stages in 3 segments are 2, 2 and 4).
+    Segments(usize),
+    /// `segments = auto` and/or `budget = ".."`: the planner's cuts for the objective.
+    Auto(Objective),
+}
+
+impl Schedule {
+    /// The expression `ty::Segments(N)` or `ty::Auto(objective)`, for the runtime's
+    /// schedule type `ty` (`ckpt::plan::Schedule` for a model, the run-time chain's
+    /// `ChainSchedule` for a function).
+    pub(crate) fn tokens(self, ty: TokenStream) -> TokenStream {
+        match self {
+            Schedule::Segments(n) => quote::quote!(#ty::Segments(#n)),
+            Schedule::Auto(objective) => {
+                let objective = objective.tokens();
+                quote::quote!(#ty::Auto(#objective))
+            }
+        }
+    }
+}
+
 /// What the arguments say about the cuts, resolved once: every later stage (the
 /// function's layout, `model!`'s schedule) matches on this value.
 #[derive(Debug, Clone, Copy, Default)]
@@ -92,11 +119,8 @@ pub(crate) enum CutArg {
     /// body decide, or (without markers) the whole function is one segment.
     #[default]
     Unspecified,
-    /// `segments = N`, with the span of `N`.
-    Segments(usize, Span),
-    /// `segments = auto` and/or `budget = ".."`: the planner chooses the cuts at run time,
-    /// with the span of `auto` or of the budget string.
-    Auto(Objective, Span),
+    /// A schedule, with the span of `N`, of `auto` or of the budget string.
+    Given(Schedule, Span),
     /// A cut argument was written but is not usable (the error is in the `Ctxt`).
     Invalid,
 }
@@ -141,24 +165,13 @@ pub(crate) fn parse_args(tokens: TokenStream, target: Target, cx: &mut Ctxt) -> 
         ..Args::default()
     };
     let mut written = Written::default();
-    let parser = |input: ParseStream| -> syn::Result<()> {
-        while !input.is_empty() {
-            if let Err(e) = parse_one(input, &mut args, &mut written, target, cx) {
-                cx.push(e);
-                skip_to_comma(input)?;
-            }
-            if input.is_empty() {
-                break;
-            }
-            if let Err(e) = input.parse::<Token![,]>() {
-                cx.push(e);
-                skip_to_comma(input)?;
-                if !input.is_empty() {
-                    input.parse::<Token![,]>()?;
-                }
-            }
-        }
-        Ok(())
+    let parser = |input: ParseStream| {
+        shared::parse_comma_separated(
+            input,
+            cx,
+            |input, cx| parse_one(input, &mut args, &mut written, target, cx),
+            |e| e,
+        )
     };
     if let Err(e) = parser.parse2(tokens) {
         cx.push(e);
@@ -187,26 +200,11 @@ fn resolve(w: &Written, cx: &mut Ctxt) -> CutArg {
             );
             CutArg::Invalid
         }
-        (Some((n, span)), _, None) => CutArg::Segments(n, span),
-        (None, _, Some((objective, span))) => CutArg::Auto(objective, span),
-        (None, Some(span), None) => CutArg::Auto(Objective::MinPeak, span),
+        (Some((n, span)), _, None) => CutArg::Given(Schedule::Segments(n), span),
+        (None, _, Some((objective, span))) => CutArg::Given(Schedule::Auto(objective), span),
+        (None, Some(span), None) => CutArg::Given(Schedule::Auto(Objective::MinPeak), span),
         (None, None, None) => CutArg::Unspecified,
     }
-}
-
-fn skip_to_comma(input: ParseStream) -> syn::Result<()> {
-    input.step(|cursor| {
-        let mut rest = *cursor;
-        while let Some((tt, next)) = rest.token_tree() {
-            if let proc_macro2::TokenTree::Punct(p) = &tt
-                && p.as_char() == ','
-            {
-                return Ok(((), rest));
-            }
-            rest = next;
-        }
-        Ok(((), rest))
-    })
 }
 
 fn parse_one(

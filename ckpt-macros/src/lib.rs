@@ -13,6 +13,7 @@ mod ctxt;
 mod fuzz;
 mod model;
 mod shallow_clone;
+mod shared;
 
 use proc_macro::TokenStream;
 

@@ -44,6 +44,13 @@ pub use sequential::{
 pub use shallow::{ShallowClone, Shared};
 pub use stash::{Carry, Stash};
 
+/// Locks `m`, recovering the data from a poisoned lock: a panic in a segment is reported
+/// as an error (`CkptError::ClosurePanicked`), and the caches behind these locks stay
+/// consistent across one (each update is one insertion or one clear).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[doc(hidden)]
 pub mod __private {
     pub use crate::checkpoint::run as run_segment;

@@ -2,6 +2,7 @@
 //! through the facade's hidden `ckpt::__private` module. Not a public API: names and
 //! signatures follow the macros, which the facade pins with `=`.
 
+use std::ops::Range;
 use std::sync::{Mutex, PoisonError};
 
 use tch::Tensor;
@@ -75,8 +76,11 @@ impl<T: Stash, E: Send + 'static> Stash for Fallible<T, E> {
     }
 }
 
-/// `"Encoder::forward_t segment 2 of 3 (src/model.rs:42)"`, or for a function that is one
-/// segment (`count = 1`) `"Block::forward (src/model.rs:42)"`.
+/// The name of segment `index` (1-based) of `count` of `function` (a method of `owner`),
+/// in errors and `live_segments`: `"Encoder::forward_t segment 2 of 3 (src/model.rs:42)"`,
+/// or for a function that is one segment (`count = 1`) `"Block::forward (src/model.rs:42)"`.
+/// A segment of a chain cut at run time is named by [`chain_segment_name`], in the same
+/// format.
 pub fn segment_name(
     owner: Option<String>,
     function: &str,
@@ -85,14 +89,46 @@ pub fn segment_name(
     file: &str,
     line: u32,
 ) -> String {
+    format_segment_name(owner, function, index, count, None, file, line)
+}
+
+/// [`segment_name`] of a segment of a chain cut at run time (`model!`, `segments = auto`),
+/// which also names its `stages`: their range (0-based, end exclusive) and the names of
+/// the first and the last:
+/// ``"Encoder::forward_t segment 1 of 3: stages 0..3, `tok` to `blocks[0]` (src/m.rs:12)"``.
+pub fn chain_segment_name(
+    owner: Option<String>,
+    function: &str,
+    index: usize,
+    count: usize,
+    stages: (Range<usize>, String, String),
+    file: &str,
+    line: u32,
+) -> String {
+    format_segment_name(owner, function, index, count, Some(stages), file, line)
+}
+
+/// The one format of segment names.
+fn format_segment_name(
+    owner: Option<String>,
+    function: &str,
+    index: usize,
+    count: usize,
+    stages: Option<(Range<usize>, String, String)>,
+    file: &str,
+    line: u32,
+) -> String {
     let function = match owner {
         Some(owner) => format!("{owner}::{function}"),
         None => function.to_owned(),
     };
-    if count == 1 {
-        format!("{function} ({file}:{line})")
-    } else {
-        format!("{function} segment {index} of {count} ({file}:{line})")
+    match stages {
+        Some((range, first, last)) => format!(
+            "{function} segment {index} of {count}: stages {}..{}, `{first}` to `{last}` ({file}:{line})",
+            range.start, range.end
+        ),
+        None if count == 1 => format!("{function} ({file}:{line})"),
+        None => format!("{function} segment {index} of {count} ({file}:{line})"),
     }
 }
 
@@ -297,6 +333,18 @@ mod tests {
         assert_eq!(
             segment_name(Some("Block".into()), "forward", 1, 1, "b.rs", 7),
             "Block::forward (b.rs:7)"
+        );
+        assert_eq!(
+            chain_segment_name(
+                Some("Encoder".into()),
+                "forward_t",
+                1,
+                3,
+                (0..3, "tok".into(), "blocks[0]".into()),
+                "src/m.rs",
+                12
+            ),
+            "Encoder::forward_t segment 1 of 3: stages 0..3, `tok` to `blocks[0]` (src/m.rs:12)"
         );
     }
 

@@ -23,7 +23,7 @@
 //! hygienic name and that name as the tail) are layer loops: every iteration is a stage of
 //! the run-time chain. The recompute re-derives an iteration's items from `ITER`, so the
 //! iterable may use only `self` and the function's parameters (checked in
-//! `analysis.rs`).
+//! `analysis/loops.rs`).
 
 use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;

@@ -19,7 +19,6 @@ use proc_macro2::Span;
 
 use super::body::{self, Body, Modules};
 use crate::args::{Args, CutArg};
-use crate::budget::Objective;
 use crate::ctxt::Ctxt;
 
 /// The layout of a function (see the module docs).
@@ -27,21 +26,16 @@ use crate::ctxt::Ctxt;
 pub(crate) enum Layout {
     /// `#[checkpointed]` without cuts: the whole body is one checkpointed segment.
     Whole,
-    /// Groups fixed at compile time ([`Layout::ranges`]); the last runs inline.
+    /// Groups fixed at compile time ([`Cut::ranges`]); the last runs inline.
     Static,
     /// Every statement is a unit of a chain cut at run time; the last statement runs
     /// inline after the chain.
     Runtime(Schedule),
 }
 
-/// How a run-time chain is cut.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Schedule {
-    /// `segments = N`: `sequential_ranges` over the stages counted at run time.
-    Segments(usize),
-    /// The planner's cuts.
-    Auto(Objective),
-}
+/// How a run-time chain is cut: `segments = N` over the stages counted at run time, or
+/// the planner's cuts.
+pub(crate) use crate::args::Schedule;
 
 /// A layout with its groups of statements.
 pub(crate) struct Cut {
@@ -73,14 +67,14 @@ pub(crate) fn resolve(
     let marker = body.markers.first().map(|(_, span)| *span);
     let (schedule, span) = match (args.cut, marker) {
         (CutArg::Invalid, _) => return None,
-        (CutArg::Auto(..), Some(span)) => {
+        (CutArg::Given(Schedule::Auto(_), _), Some(span)) => {
             cx.error_at(
                 span,
                 "`ckpt::cut!()` markers cannot be combined with `segments = auto` or `budget`, which choose the cuts at run time; remove the markers, or the argument",
             );
             return None;
         }
-        (CutArg::Segments(..), Some(span)) => {
+        (CutArg::Given(Schedule::Segments(_), _), Some(span)) => {
             cx.error_at(
                 span,
                 "`ckpt::cut!()` markers and `segments = N` cannot be combined: use `segments = N` for balanced segments, or markers alone",
@@ -89,8 +83,7 @@ pub(crate) fn resolve(
         }
         (CutArg::Unspecified, None) => return whole(body, args, cx),
         (CutArg::Unspecified, Some(_)) => return markers(body, cx),
-        (CutArg::Segments(n, span), None) => (Schedule::Segments(n), span),
-        (CutArg::Auto(objective, span), None) => (Schedule::Auto(objective), span),
+        (CutArg::Given(schedule, span), None) => (schedule, span),
     };
     body::split_chains(body, modules);
     body::find_loops(body);
@@ -181,11 +174,9 @@ fn markers(body: &Body, cx: &mut Ctxt) -> Option<Cut> {
     if !ok {
         return None;
     }
-    let mut bounds = vec![0];
-    bounds.extend(body.markers.iter().map(|(at, _)| *at));
-    bounds.push(n);
+    let cuts: Vec<usize> = body.markers.iter().map(|(at, _)| *at).collect();
     Some(Cut {
         layout: Layout::Static,
-        ranges: bounds.windows(2).map(|w| w[0]..w[1]).collect(),
+        ranges: ckpt_budget::cut_ranges(&cuts, n),
     })
 }

@@ -1,6 +1,6 @@
 //! `#[checkpointed]`: parse (`parse.rs`) → body (`body.rs`: items, markers, method chains,
 //! layer loops) → layout (`layout.rs`: how the function is cut) → analyze
-//! (`analysis.rs`: liveness, side-effect rules) → expand (`expand.rs`).
+//! (`analysis/`: liveness, side-effect rules) → expand (`expand/`).
 
 mod advice;
 mod analysis;

@@ -1,7 +1,7 @@
 //! Parsing: the attribute's arguments, the annotated function, the `#[ckpt::allow(..)]`
 //! escape hatches and the `ckpt::cut!()` markers. Simple checks (unknown or duplicate
 //! keys, values out of range, receivers) happen here; rules spanning several statements
-//! are in `analysis.rs`.
+//! are in `analysis/`.
 
 use proc_macro2::{Span, TokenStream};
 use syn::ext::IdentExt;

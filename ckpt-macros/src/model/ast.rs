@@ -5,6 +5,8 @@
 use proc_macro2::Span;
 use syn::{Attribute, Expr, ExprClosure, Generics, Ident, Pat, Path, Type, Visibility};
 
+use crate::args::Schedule;
+
 /// One `model! { .. }` invocation.
 pub(crate) struct Model {
     /// Outer attributes of the struct (doc comments, `#[allow]`, ..), less
@@ -41,20 +43,12 @@ pub(crate) struct Param {
 
 /// The arguments of `#[checkpointed(..)]`.
 pub(crate) struct Checkpoint {
-    pub segments: Segments,
+    /// The schedule the model starts with (`ckpt::plan::Schedule`; the generated
+    /// `set_schedule` changes it at run time).
+    pub schedule: Schedule,
     pub preserve_rng_state: Option<bool>,
     pub determinism_check: Option<bool>,
     pub policy: Option<crate::args::PolicyArg>,
-}
-
-/// How the chain is cut into segments: the schedule a model starts with
-/// (`ckpt::plan::Schedule`; the generated `set_schedule` changes it at run time).
-pub(crate) enum Segments {
-    /// `segments = N`: `ckpt::sequential_segments(len, N)` at run time.
-    Fixed(usize),
-    /// `segments = auto` or `budget = ".."`: the planner's cuts, from a profile of the
-    /// stages (`__ckpt_stage`) made once per input.
-    Auto(crate::budget::Objective),
 }
 
 /// An item of the declaration.

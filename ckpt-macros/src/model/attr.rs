@@ -6,7 +6,7 @@ use proc_macro2::{Span, TokenStream};
 use syn::spanned::Spanned;
 use syn::{Attribute, Meta};
 
-use super::ast::{Checkpoint, Segments};
+use super::ast::Checkpoint;
 use crate::args::{self, CutArg, Target};
 use crate::ctxt::Ctxt;
 
@@ -40,9 +40,8 @@ pub(crate) fn parse_checkpointed(attr: &Attribute, cx: &mut Ctxt) -> Option<Chec
     if let Err(e) = local.finish() {
         cx.push(e);
     }
-    let segments = match args.cut {
-        CutArg::Auto(objective, _) => Segments::Auto(objective),
-        CutArg::Segments(n, _) => Segments::Fixed(n),
+    let schedule = match args.cut {
+        CutArg::Given(schedule, _) => schedule,
         CutArg::Invalid => return None,
         // An unknown key that was meant as the cut is reported already.
         CutArg::Unspecified if had_errors => return None,
@@ -55,7 +54,7 @@ pub(crate) fn parse_checkpointed(attr: &Attribute, cx: &mut Ctxt) -> Option<Chec
         }
     };
     Some(Checkpoint {
-        segments,
+        schedule,
         preserve_rng_state: args.preserve_rng_state,
         determinism_check: args.determinism_check,
         policy: args.policy,

@@ -1,5 +1,5 @@
 //! `model!`: parse (`parse.rs`, `attr.rs`) → validate (`valid.rs`) → expand
-//! (`expand.rs`). The declaration's syntax is documented on the facade's `ckpt::model`.
+//! (`expand/`). The declaration's syntax is documented on the facade's `ckpt::model`.
 
 mod ast;
 mod attr;

@@ -17,6 +17,7 @@ use super::ast::{
 };
 use super::attr::{self, ItemAttrs};
 use crate::ctxt::Ctxt;
+use crate::shared::{self, skip_to_comma};
 
 /// Parses a whole declaration. `Err` only when the header cannot be read (no struct
 /// name, no parameter list, no braces); item errors are collected in `cx`.
@@ -164,56 +165,24 @@ pub(crate) fn tokens_text(t: &impl quote::ToTokens) -> String {
     s
 }
 
-/// Skips to the next top-level comma (not consuming it), or to the end.
-fn skip_to_comma(input: ParseStream) -> syn::Result<()> {
-    input.step(|cursor| {
-        let mut rest = *cursor;
-        while let Some((tt, next)) = rest.token_tree() {
-            if matches!(&tt, TokenTree::Punct(p) if p.as_char() == ',') {
-                return Ok(((), rest));
-            }
-            rest = next;
-        }
-        Ok(((), rest))
-    })
-}
-
 /// The items, comma-separated; an item with an error is skipped up to the next comma.
 fn parse_items(input: ParseStream, cx: &mut Ctxt) -> Vec<Item> {
     let mut items = Vec::new();
     // Only fails when recovery itself fails (it cannot: skipping stops at a comma or the
     // end of the braces).
-    if let Err(e) = parse_items_into(input, cx, &mut items) {
+    let result = shared::parse_comma_separated(
+        input,
+        cx,
+        |input, cx| {
+            items.extend(parse_item(input, cx)?);
+            Ok(())
+        },
+        |e| syn::Error::new(e.span(), "expected `,` between the items of the chain"),
+    );
+    if let Err(e) = result {
         cx.push(e);
     }
     items
-}
-
-fn parse_items_into(input: ParseStream, cx: &mut Ctxt, items: &mut Vec<Item>) -> syn::Result<()> {
-    while !input.is_empty() {
-        match parse_item(input, cx) {
-            Ok(Some(item)) => items.push(item),
-            Ok(None) => {}
-            Err(e) => {
-                cx.push(e);
-                skip_to_comma(input)?;
-            }
-        }
-        if input.is_empty() {
-            break;
-        }
-        if let Err(e) = input.parse::<Token![,]>() {
-            cx.push(syn::Error::new(
-                e.span(),
-                "expected `,` between the items of the chain",
-            ));
-            skip_to_comma(input)?;
-            if !input.is_empty() {
-                input.parse::<Token![,]>()?;
-            }
-        }
-    }
-    Ok(())
 }
 
 const STAGE_FORMS: &str = "a layer `name: Type = init`, repeated layers `name: [Type; count] = init`, a built-in (`relu`, `gelu`, `tanh`, `sigmoid`, `silu`, `dropout(p)`), a function path (`my_fn`) or a closure (`|xs| ..`)";

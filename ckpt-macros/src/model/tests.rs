@@ -6,8 +6,9 @@
 use proc_macro2::TokenStream;
 use quote::quote;
 
-use super::ast::{Builtin, FieldKind, Item, Segments};
+use super::ast::{Builtin, FieldKind, Item};
 use super::expand;
+use crate::args::Schedule;
 use crate::ctxt::Ctxt;
 
 /// Expands and pretty-prints.
@@ -92,7 +93,7 @@ fn parses_every_item_form() {
     assert_eq!(model.params.len(), 2);
     assert!(model.generics.where_clause.is_some());
     let ck = model.checkpoint.as_ref().expect("checkpointed");
-    assert!(matches!(ck.segments, Segments::Fixed(3)));
+    assert_eq!(ck.schedule, Schedule::Segments(3));
     assert_eq!(ck.preserve_rng_state, Some(false));
     assert_eq!(ck.determinism_check, None);
     let kinds: Vec<&str> = model
@@ -325,4 +326,46 @@ fn snapshot_generics() {
             #[train] Self::noise,
         }
     }));
+}
+
+/// The inherent methods of `tokens` with the model's visibility, as `name/arity`.
+fn public_methods(tokens: TokenStream) -> Vec<String> {
+    let file: syn::File = syn::parse2(tokens).expect("parses");
+    let mut out: Vec<String> = file
+        .items
+        .iter()
+        .filter_map(|it| match it {
+            syn::Item::Impl(i) if i.trait_.is_none() => Some(&i.items),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|it| match it {
+            syn::ImplItem::Fn(f) if matches!(f.vis, syn::Visibility::Public(_)) => {
+                Some(format!("{}/{}", f.sig.ident, f.sig.inputs.len()))
+            }
+            _ => None,
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn stubs_declare_the_methods_the_expansion_has() {
+    for train in [quote!(), quote!(#[train])] {
+        let (model, errs) = parse(quote! {
+            #[checkpointed(segments = 2)]
+            pub struct M(p) {
+                a: nn::Linear = nn::linear(p, 4, 4, Default::default()),
+                #train b: Block = Block::new(p),
+            }
+        });
+        assert!(errs.is_empty(), "{errs:?}");
+        let full = public_methods(super::expand::expand(&model));
+        let stubs = public_methods(super::expand::stubs(&model));
+        assert!(full.contains(&"set_schedule/2".to_owned()), "{full:?}");
+        assert!(full.contains(&"new/1".to_owned()), "{full:?}");
+        assert_eq!(full.len(), 12, "{full:?}");
+        assert_eq!(full, stubs);
+    }
 }

@@ -503,7 +503,7 @@ mod tests {
         assert_eq!(plan.predicted_peak_bytes(), 14);
         assert!(
             plan.explain()
-                .contains("14 B (14 B), during the recompute of segment 0 (stages 0..6)")
+                .contains("14 B (14 B), during the recompute of segment 1 of 2 (stages 0..6)")
         );
         let plan = costs.evaluate(&[2]).unwrap();
         assert_eq!(plan.peak_phase(), Phase::Plain);

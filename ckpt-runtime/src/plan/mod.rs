@@ -443,7 +443,8 @@ impl ChainCost {
 pub enum Phase {
     /// The forward and backward of the last, plain segment.
     Plain,
-    /// The recompute and backward of checkpointed segment `segment` (0-based).
+    /// The recompute and backward of checkpointed segment `segment` (0-based; shown
+    /// 1-based, as segment names are: "segment 1 of 3").
     Recompute {
         /// Index of the segment.
         segment: usize,
@@ -494,11 +495,7 @@ impl Plan {
 
     /// The segments as stage ranges; the last one runs plainly.
     pub fn ranges(&self) -> Vec<Range<usize>> {
-        let mut bounds = Vec::with_capacity(self.cuts.len() + 2);
-        bounds.push(0);
-        bounds.extend_from_slice(&self.cuts);
-        bounds.push(self.len);
-        bounds.windows(2).map(|w| w[0]..w[1]).collect()
+        ckpt_budget::cut_ranges(&self.cuts, self.len)
     }
 
     /// The predicted peak, in bytes above the baseline (see the [module docs](self)).
@@ -663,8 +660,10 @@ impl fmt::Display for Plan {
             Phase::Recompute { segment } => {
                 let r = &self.ranges()[segment];
                 format!(
-                    "recompute of segment {segment} (stages {}..{})",
-                    r.start, r.end
+                    "recompute of segment {} of {k} (stages {}..{})",
+                    segment + 1,
+                    r.start,
+                    r.end
                 )
             }
         };

@@ -5,13 +5,13 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use tch::Tensor;
 
 use super::profile::InputKey;
 use super::{Budget, ChainCost, Objective, Plan};
-use crate::{CkptError, Policy};
+use crate::{CkptError, Policy, lock};
 
 /// How the stages of a checkpointed `model!` chain are cut into segments: what
 /// `#[checkpointed(..)]` declares, and what the generated `set_schedule` (and its
@@ -83,7 +83,7 @@ impl Schedule {
             Schedule::Segments(n) => crate::sequential_segments(len, *n).map(Some),
             Schedule::Cuts(cuts) => {
                 check_cuts(cuts, len)?;
-                Ok(Some(ranges_of(cuts, len)))
+                Ok(Some(ckpt_budget::cut_ranges(cuts, len)))
             }
             Schedule::Auto(_) => Ok(None),
         }
@@ -121,14 +121,6 @@ pub(crate) fn check_cuts(cuts: &[usize], len: usize) -> Result<(), CkptError> {
         prev = c;
     }
     Ok(())
-}
-
-fn ranges_of(cuts: &[usize], len: usize) -> Vec<Range<usize>> {
-    let mut bounds = Vec::with_capacity(cuts.len() + 2);
-    bounds.push(0);
-    bounds.extend_from_slice(cuts);
-    bounds.push(len);
-    bounds.windows(2).map(|w| w[0]..w[1]).collect()
 }
 
 /// The state of a checkpointed `model!` model (a hidden field): its [`Schedule`], and
@@ -217,7 +209,7 @@ impl ModelPlans {
             return Ok(r);
         }
         if !crate::ffi::grad_enabled() {
-            return Ok(ranges_of(&[], len));
+            return Ok(ckpt_budget::cut_ranges(&[], len));
         }
         let key = InputKey::new(input, train);
         if let Some(plan) = lock(&self.plans).get(&key)
@@ -226,7 +218,7 @@ impl ModelPlans {
             return Ok(plan.ranges());
         }
         if crate::ffi::is_recomputing() && !lock(&self.profiles).contains_key(&key) {
-            return Ok(ranges_of(&[], len));
+            return Ok(ckpt_budget::cut_ranges(&[], len));
         }
         Ok(self.plan(len, input, train, profile)?.ranges())
     }
@@ -280,10 +272,6 @@ impl ModelPlans {
             }
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

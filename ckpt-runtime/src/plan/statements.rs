@@ -46,18 +46,14 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tch::{Device, Kind, Tensor};
 
 use super::profile::{self, StageFigures};
 use super::{ChainCost, Objective, Plan, StageCost};
 use crate::checkpoint::CheckpointOptions;
-use crate::{CkptError, Stash, memory};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::{CkptError, Stash, lock, memory};
 
 /// The type of a value, at compile time only (`Copy`, `Send`, `Sync`, zero-sized).
 pub struct Witness<T>(PhantomData<fn() -> T>);
@@ -729,12 +725,11 @@ pub fn run_stages(
 ) {
     assert_eq!(fns.len(), chain.units.len(), "ckpt: one closure per unit");
     assert_eq!(counts.len(), chain.units.len(), "ckpt: one count per unit");
-    let name = match owner {
+    let name = match &owner {
         Some(owner) => format!("{owner}::{}", chain.name),
         None => chain.name.to_owned(),
     };
-    let location = format!("{file}:{line}");
-    let what = format!("{name} ({location})");
+    let what = format!("{name} ({file}:{line})");
     let probed = chain.probed() && tail_probe.is_some();
     if let (true, Some(probe)) = (probed, tail_probe) {
         // The profile runs it as unit `units.len()`; runs never reach it.
@@ -771,13 +766,18 @@ pub fn run_stages(
                 })
                 .collect(),
         );
-        let seg_name = format!(
-            "{name} segment {} of {count}: stages {}..{}, `{}` to `{}` ({location})",
+        let seg_name = crate::macro_support::chain_segment_name(
+            owner.clone(),
+            chain.name,
             k + 1,
-            range.start,
-            range.end,
-            stages.name(chain, range.start),
-            stages.name(chain, range.end - 1),
+            count,
+            (
+                range.clone(),
+                stages.name(chain, range.start),
+                stages.name(chain, range.end - 1),
+            ),
+            file,
+            line,
         );
         let (fns, pieces, slots) = (Arc::clone(&fns), stages.pieces(range), chain.slots);
         let outputs_in = outputs.clone();

@@ -1,0 +1,139 @@
+//! The body of `__ckpt_forward`: the stages in order, or, for a checkpointed model, the
+//! chain cut as the schedule says for this call, every segment but the last through
+//! `::ckpt::__private::segment` with one shared shallow clone of the model.
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+
+use super::{lets, located_at, needs_train, tensor, type_span};
+use crate::model::ast::Model;
+use crate::shared::mixed;
+
+/// The body of `__ckpt_forward(&self, __ckpt_xs, __ckpt_train)`.
+pub(super) fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
+    let t = tensor();
+    let (xs, train, ctx, h, i) = (
+        mixed("__ckpt_xs"),
+        mixed("__ckpt_train"),
+        mixed("__ckpt_ctx"),
+        mixed("__ckpt_h"),
+        mixed("__ckpt_i"),
+    );
+    let Some(checkpoint) = &model.checkpoint else {
+        return quote! {
+            let #ctx = self.__ckpt_context(#xs, #train);
+            let mut #h = #t::shallow_clone(#xs);
+            for #i in 0..self.__ckpt_len() {
+                #h = self.__ckpt_stage(#i, #h, #train, &#ctx);
+            }
+            #h
+        };
+    };
+    let (ranges, last, ckpt, options, shared, k, range, name, count, guard, this, x, c) = (
+        mixed("__ckpt_ranges"),
+        mixed("__ckpt_last"),
+        mixed("__ckpt_checkpointed"),
+        mixed("__ckpt_options"),
+        mixed("__ckpt_shared"),
+        mixed("__ckpt_k"),
+        mixed("__ckpt_range"),
+        mixed("__ckpt_name"),
+        mixed("__ckpt_count"),
+        mixed("__ckpt_guard"),
+        mixed("__ckpt_this"),
+        mixed("__ckpt_x"),
+        mixed("__ckpt_c"),
+    );
+    let new_options = crate::args::options_tokens(
+        checkpoint.preserve_rng_state,
+        checkpoint.determinism_check,
+        Some(quote!(self.__ckpt_plans.policy())),
+    );
+    let method = if needs_train(model) {
+        "forward_t"
+    } else {
+        "forward"
+    };
+    let line = quote_spanned!(model.ident.span()=> ::core::line!());
+    let key_train = if needs_train(model) {
+        quote!(::core::option::Option::Some(#train))
+    } else {
+        quote!(::core::option::Option::None)
+    };
+    let (len, p_x, planned, r, e) = (
+        mixed("__ckpt_len"),
+        mixed("__ckpt_px"),
+        mixed("__ckpt_planned"),
+        mixed("__ckpt_r"),
+        mixed("__ckpt_e"),
+    );
+    let ranges_expr = quote! {{
+        let #len = self.__ckpt_len();
+        let #planned = self.__ckpt_plans.ranges(#len, #xs, #key_train, || {
+            ::ckpt::__private::profile_stages(&#options, #len, #xs, |#i: usize, #p_x: &#t| {
+                self.__ckpt_stage(#i, #t::shallow_clone(#p_x), #train, &#ctx)
+            })
+        });
+        match #planned {
+            ::core::result::Result::Ok(#r) => #r,
+            ::core::result::Result::Err(#e) => ::core::panic!(
+                "{}::{}: {}",
+                ::ckpt::__private::short_type_name::<Self>(),
+                #method,
+                #e
+            ),
+        }
+    }};
+    let ctx_in = lets(model).enumerate().map(|(n, l)| {
+        let n = syn::Index::from(n);
+        located_at(quote!(::ckpt::__private::dup(&#ctx.#n)), type_span(&l.ty))
+    });
+    quote! {
+        let #ctx = self.__ckpt_context(#xs, #train);
+        let #options = #new_options;
+        let #ranges: ::std::vec::Vec<::core::ops::Range<usize>> = #ranges_expr;
+        let (#last, #ckpt) = #ranges
+            .split_last()
+            .expect("a schedule gives at least one range");
+        let mut #h = #t::shallow_clone(#xs);
+        if !#ckpt.is_empty() {
+            let (#options, #shared) = ::ckpt::__private::capture(#options, self);
+            let #count = #ranges.len();
+            for (#k, #range) in #ckpt.iter().enumerate() {
+                let #name = ::ckpt::__private::chain_segment_name(
+                    ::core::option::Option::Some(::ckpt::__private::short_type_name::<Self>()),
+                    #method,
+                    #k + 1,
+                    #count,
+                    (
+                        ::core::clone::Clone::clone(#range),
+                        self.__ckpt_stage_name(#range.start),
+                        self.__ckpt_stage_name(#range.end - 1),
+                    ),
+                    ::core::file!(),
+                    #line,
+                );
+                let #shared = ::ckpt::__private::ShallowClone::shallow_clone(&#shared);
+                let #range = ::core::clone::Clone::clone(#range);
+                #h = ::ckpt::__private::segment(
+                    &#options,
+                    #name,
+                    move |(#x, #c): (#t, #ctx_ty)| -> #t {
+                        let #guard = #shared.lock();
+                        let #this = &*#guard;
+                        let mut #x = #x;
+                        for #i in ::core::clone::Clone::clone(&#range) {
+                            #x = #this.__ckpt_stage(#i, #x, #train, &#c);
+                        }
+                        #x
+                    },
+                    (#h, (#(#ctx_in,)*)),
+                );
+            }
+        }
+        for #i in ::core::clone::Clone::clone(#last) {
+            #h = self.__ckpt_stage(#i, #h, #train, &#ctx);
+        }
+        #h
+    }
+}
