@@ -31,7 +31,10 @@ die() { say "error: $*"; exit 1; }
 if [ -n "${LIBTORCH:-}" ]; then
     [ -d "$LIBTORCH/lib" ] && [ -d "$LIBTORCH/include" ] \
         || die "LIBTORCH=$LIBTORCH has no lib/ and include/: point it at an unpacked libtorch $TORCH_VERSION or at a PyTorch $TORCH_VERSION installation's torch/ directory"
-    ln -sfn "$LIBTORCH" "$link"
+    # Link the directory itself: LIBTORCH may be this very link (or point through it),
+    # which `ln -sfn "$LIBTORCH"` would turn into a link to itself.
+    real="$(cd "$LIBTORCH" && pwd -P)"
+    [ "$(readlink "$link" 2>/dev/null)" = "$real" ] || ln -sfn "$real" "$link"
     say "using LIBTORCH=$LIBTORCH"
     [ "$want_nccl" = 0 ] \
         || say "--nccl: nothing installed with LIBTORCH set; point CUDA_HOME (or CKPT_CUDA_INCLUDE) at CUDA and NCCL headers of your libtorch's CUDA version"
