@@ -293,3 +293,70 @@ fn unused_and_repeated_listings() {
     );
     assert_all_equal("input and listed", &want, &got);
 }
+
+/// Inside an autocast region, `run_backward` reaches a listed weight that autocast casts
+/// (the recompute casts afresh instead of reusing a cast whose graph bypasses the node).
+#[test]
+fn run_backward_inside_an_autocast_region() {
+    tch::manual_seed(9);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let l = linear(&vs, "l");
+    let x = x();
+    let loss = |y: Tensor| y.to_kind(Kind::Float).sum(Kind::Float);
+    let want = ckpt::amp::autocast(Device::Cpu, Kind::BFloat16, || {
+        run_backward(&loss(l.forward(&x)), std::slice::from_ref(&l.ws))
+    });
+    let got = ckpt::amp::autocast(Device::Cpu, Kind::BFloat16, || {
+        let inner = l.shallow_clone();
+        let y: Tensor = checkpoint_with(
+            &CheckpointOptions::new().parameters_of(&l),
+            move |x: Tensor| inner.forward(&x),
+            x.shallow_clone(),
+        );
+        run_backward(&loss(y), std::slice::from_ref(&l.ws))
+    });
+    assert_all_equal("autocast, run_backward in the region", &want, &got);
+}
+
+/// A listed weight that is also an input of the segment, read both ways; and a segment
+/// that returns a listed weight unchanged and a view of it.
+#[test]
+fn a_listed_parameter_as_an_input_and_as_an_output() {
+    tch::manual_seed(10);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let l = linear(&vs, "l");
+    let x = x();
+    let bs = l.bs.as_ref().unwrap().shallow_clone();
+    let wrt = [bs.shallow_clone(), l.ws.shallow_clone()];
+    let want = run_backward(&l.forward(&x.matmul(&l.ws.tr())).sum(Kind::Float), &wrt);
+    let inner = l.shallow_clone();
+    let y: Tensor = checkpoint_with(
+        &CheckpointOptions::new().parameters_of(&l),
+        move |(x, w): (Tensor, Tensor)| inner.forward(&x.matmul(&w.tr())),
+        (x.shallow_clone(), l.ws.shallow_clone()),
+    );
+    let got = run_backward(&y.sum(Kind::Float), &wrt);
+    assert_all_equal("input and captured", &want, &got);
+
+    let head = |y: &Tensor, w: &Tensor, v: &Tensor| {
+        y.sum(Kind::Float) + w.square().sum(Kind::Float) + v.sum(Kind::Float)
+    };
+    let want = run_backward(
+        &head(&l.forward(&x), &l.ws, &l.ws.narrow(0, 0, 2)),
+        std::slice::from_ref(&l.ws),
+    );
+    let inner = l.shallow_clone();
+    let (y, w, v): (Tensor, Tensor, Tensor) = checkpoint_with(
+        &CheckpointOptions::new().parameters_of(&l),
+        move |x: Tensor| {
+            (
+                inner.forward(&x),
+                inner.ws.shallow_clone(),
+                inner.ws.narrow(0, 0, 2),
+            )
+        },
+        x.shallow_clone(),
+    );
+    let got = run_backward(&head(&y, &w, &v), std::slice::from_ref(&l.ws));
+    assert_all_equal("returned unchanged and as a view", &want, &got);
+}

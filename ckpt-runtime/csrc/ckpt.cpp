@@ -269,6 +269,11 @@ struct RecomputeStateGuard {
     // outermost region ends. Without this, the casts made by the recompute outlived it
     // and the next forward under autocast reused copies of the old weights.
     at::autocast::increment_nesting();
+    // Inside an enclosing region (backward run under autocast), the cache may hold casts
+    // of the segment's parameters made before the recompute: their graph leads to the
+    // parameters' accumulators, not to the recompute's capture nodes (csrc/params.cpp).
+    // The recompute casts afresh; the enclosing region's later uses cast again too.
+    if (!seg.params.empty()) at::autocast::clear_cache();
     if (seg.has_rng) {
       std::set<c10::DeviceIndex> devices;
       for (const auto& [idx, st] : seg.rng.cuda) devices.insert(idx);
@@ -471,12 +476,19 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     // as the node's (csrc/params.cpp): the engine then accumulates each once per backward.
     ckpt::ParamGrads param_grads(seg->params, /*pass_on=*/create_graph);
     std::vector<at::Tensor> outs;
+    torch::autograd::edge_list out_edges;
     {
       RecomputeStateGuard state(*seg);
       at::AutoGradMode grad_on(true);
       ckpt_policy::Scope replay(seg->policy.get(), /*replay=*/true);
       ckpt::ParamGrads::Redirect redirect(param_grads);
       outs = call_closure(*seg, true, detached, nullptr);
+      // An output that is a listed parameter itself leads to its capture node too.
+      for (const auto& o : outs) {
+        out_edges.push_back(o.defined() && o.requires_grad()
+                                ? torch::autograd::impl::gradient_edge(o)
+                                : torch::autograd::Edge());
+      }
     }
     // The recomputed graph holds what its backward needs of the kept tensors; a second
     // recompute (keep_graph) replays them again.
@@ -519,7 +531,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     variable_list root_grads;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (i < grads.size() && grads[i].defined() && outs[i].requires_grad()) {
-        roots.push_back(torch::autograd::impl::gradient_edge(outs[i]));
+        roots.push_back(out_edges[i]);
         root_grads.push_back(grads[i]);
       }
     }

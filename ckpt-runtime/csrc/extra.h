@@ -59,7 +59,8 @@ struct RngProbe {
 // ---- params.cpp
 
 // The parameters among `listed` that the node takes as inputs: defined leaves that require
-// grad, each once, and not among the segment's `inputs` (which are inputs already).
+// grad, each once (one that is also among the segment's `inputs` too: the recompute reads
+// the input through its detached copy and the parameter through the captured module).
 std::vector<at::Tensor> node_params(const std::vector<at::Tensor>& listed,
                                     const std::vector<at::Tensor>& inputs);
 
