@@ -360,3 +360,36 @@ fn a_listed_parameter_as_an_input_and_as_an_output() {
     let got = run_backward(&head(&y, &w, &v), std::slice::from_ref(&l.ws));
     assert_all_equal("returned unchanged and as a view", &want, &got);
 }
+
+/// Closure-built blocks in `Shared`, their variables listed with `with_parameters`:
+/// `checkpoint_sequential_t` makes them inputs of its nodes.
+#[test]
+fn shared_closure_built_blocks_with_their_parameters() {
+    tch::manual_seed(11);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let blocks: Vec<ckpt::Shared<nn::SequentialT>> = (0..4)
+        .map(|i| {
+            let p = vs.root() / format!("b{i}");
+            let block = nn::seq_t()
+                .add(nn::linear(&p / "fc", D, D, Default::default()))
+                .add_fn(|x| x.tanh());
+            let vars: Vec<Tensor> = vs
+                .variables()
+                .into_iter()
+                .filter(|(name, _)| name.starts_with(&format!("b{i}.")))
+                .map(|(_, t)| t)
+                .collect();
+            ckpt::Shared::new(block).with_parameters(&vars)
+        })
+        .collect();
+    let x = x();
+    let ps = params(&vs);
+    let plain = blocks
+        .iter()
+        .fold(x.shallow_clone(), |h, b| b.forward_t(&h, true));
+    let want = run_backward(&plain.sum(Kind::Float), &ps);
+    let ys = ckpt::checkpoint_sequential_t(&blocks, 3, &x, true);
+    let got = run_backward(&ys.sum(Kind::Float), &ps);
+    assert!(got.iter().all(Tensor::defined), "a gradient is undefined");
+    assert_all_equal("Shared blocks with_parameters", &want, &got);
+}

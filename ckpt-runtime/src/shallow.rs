@@ -190,13 +190,38 @@ tuples! {
 /// let state = { use tch::nn::RNN; lstm.lock().zero_state(4) };
 /// # let _ = state;
 /// ```
+///
+/// `ckpt` cannot see the tensors of a closure-built module: list them with
+/// [`Shared::with_parameters`] so that the checkpoints capturing it (a
+/// `checkpoint_sequential_t` group, a `#[checkpointed]` or `model!` field) make them inputs
+/// of their nodes, as they do for the tensors of `ShallowClone` types.
 #[derive(Debug, Default)]
-pub struct Shared<T>(Arc<Mutex<T>>);
+pub struct Shared<T>(Arc<Mutex<T>>, Arc<Mutex<Vec<Tensor>>>);
 
 impl<T> Shared<T> {
     /// Wraps `value`.
     pub fn new(value: T) -> Self {
-        Shared(Arc::new(Mutex::new(value)))
+        Shared(Arc::new(Mutex::new(value)), Arc::default())
+    }
+
+    /// Lists the tensors of the inner value (for a closure-built block, the variables of
+    /// its `VarStore` path), for [`ShallowClone::visit_tensors`]: checkpoints that capture
+    /// this value then see them, so `run_backward` returns their gradients
+    /// ([`CheckpointOptions::parameters`](crate::CheckpointOptions::parameters)). Shared by
+    /// every shallow clone.
+    ///
+    /// ```
+    /// # extern crate ckpt_runtime as ckpt;
+    /// # use tch::nn;
+    /// let vs = nn::VarStore::new(tch::Device::Cpu);
+    /// let block = nn::seq_t().add(nn::linear(vs.root() / "fc", 4, 4, Default::default()));
+    /// let block = ckpt::Shared::new(block).with_parameters(&vs.trainable_variables());
+    /// # let _ = block;
+    /// ```
+    pub fn with_parameters<'a>(self, tensors: impl IntoIterator<Item = &'a Tensor>) -> Self {
+        *self.1.lock().unwrap_or_else(PoisonError::into_inner) =
+            tensors.into_iter().map(Tensor::shallow_clone).collect();
+        self
     }
 
     /// Locks the inner value. A panic in another holder does not poison it for later use.
@@ -207,7 +232,16 @@ impl<T> Shared<T> {
 
 impl<T> ShallowClone for Shared<T> {
     fn shallow_clone(&self) -> Self {
-        Shared(Arc::clone(&self.0))
+        Shared(Arc::clone(&self.0), Arc::clone(&self.1))
+    }
+
+    /// The tensors listed with [`Shared::with_parameters`] (none by default).
+    fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor)) {
+        self.1
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .for_each(f);
     }
 }
 
