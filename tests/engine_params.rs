@@ -61,6 +61,21 @@ fn x() -> Tensor {
     Tensor::randn([4, D], (Kind::Float, Device::Cpu))
 }
 
+/// `l` then `act` on `x`, as one segment with `options`.
+fn segment(
+    options: &CheckpointOptions,
+    l: &nn::Linear,
+    act: fn(Tensor) -> Tensor,
+    x: &Tensor,
+) -> Tensor {
+    let l = l.shallow_clone();
+    checkpoint_with(
+        options,
+        move |x: Tensor| act(l.forward(&x)),
+        x.shallow_clone(),
+    )
+}
+
 /// `run_backward(&[loss], &params)` gradients: defined, as many as asked for.
 fn run_backward(loss: &Tensor, wrt: &[Tensor]) -> Vec<Tensor> {
     Tensor::run_backward(&[loss], wrt, false, false)
@@ -231,11 +246,11 @@ fn asking_for_an_unlisted_captured_tensor_is_an_error() {
     let vs = nn::VarStore::new(Device::Cpu);
     let l = linear(&vs, "l");
     let x = x().set_requires_grad(true);
-    let inner = l.shallow_clone();
-    let y: Tensor = checkpoint_with(
+    let y = segment(
         &CheckpointOptions::new().name("unlisted"),
-        move |x: Tensor| inner.forward(&x).tanh(),
-        x.shallow_clone(),
+        &l,
+        |h| h.tanh(),
+        &x,
     );
     let loss = l.forward(&y).sum(Kind::Float);
     let err = Tensor::f_run_backward(&[&loss], &[&l.ws, &x], false, false)
@@ -245,11 +260,11 @@ fn asking_for_an_unlisted_captured_tensor_is_an_error() {
     assert!(msg.contains("[6, 6] Float"), "{msg}");
     assert!(msg.contains("CheckpointOptions::parameters"), "{msg}");
     // Listed, the same request returns the plain gradients.
-    let inner = l.shallow_clone();
-    let y: Tensor = checkpoint_with(
+    let y = segment(
         &CheckpointOptions::new().parameters_of(&l),
-        move |x: Tensor| inner.forward(&x).tanh(),
-        x.shallow_clone(),
+        &l,
+        |h| h.tanh(),
+        &x,
     );
     let got = run_backward(
         &l.forward(&y).sum(Kind::Float),
@@ -307,12 +322,7 @@ fn run_backward_inside_an_autocast_region() {
         run_backward(&loss(l.forward(&x)), std::slice::from_ref(&l.ws))
     });
     let got = ckpt::amp::autocast(Device::Cpu, Kind::BFloat16, || {
-        let inner = l.shallow_clone();
-        let y: Tensor = checkpoint_with(
-            &CheckpointOptions::new().parameters_of(&l),
-            move |x: Tensor| inner.forward(&x),
-            x.shallow_clone(),
-        );
+        let y = segment(&CheckpointOptions::new().parameters_of(&l), &l, |h| h, &x);
         run_backward(&loss(y), std::slice::from_ref(&l.ws))
     });
     assert_all_equal("autocast, run_backward in the region", &want, &got);
