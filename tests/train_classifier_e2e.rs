@@ -391,11 +391,12 @@ fn nproc_2_trains_data_parallel_and_matches_one_process() {
         let ranks = run["ranks"].as_array().unwrap();
         assert_eq!(ranks.len(), 2);
         for r in ranks {
-            // Same shapes on both ranks: the same bytes, but for the few bytes of
-            // scalar tensors that c10d's communication thread allocates while the step
-            // runs (seen: 4), whose overlap with the peak depends on timing.
+            // Same shapes on both ranks: the same bytes, but for the small tensors that
+            // c10d's threads allocate while the step runs (seen: 4 B and 116 B, from
+            // the process-wide counter), whose overlap with the peak depends on timing.
+            // A rank doing other work would differ by whole activations and gradients.
             let gap = r["peak_bytes"].as_i64().unwrap() - run["peak_bytes"].as_i64().unwrap();
-            assert!(gap.abs() <= 64, "{run}");
+            assert!(gap.abs() <= 1024, "{run}");
             assert!(r["step_seconds_median"].as_f64().unwrap() > 0.0);
             assert!(r["samples_per_second"].as_f64().unwrap() > 0.0);
         }
