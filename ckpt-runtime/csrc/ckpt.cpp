@@ -733,7 +733,7 @@ int32_t ckpt_apply(void* closure, ckpt_run_fn run, ckpt_drop_fn drop,
     std::vector<at::Tensor> listed;
     listed.reserve(spec->n_params);
     for (size_t i = 0; i < spec->n_params; ++i) listed.push_back(*spec->params[i]);
-    seg->params = ckpt::node_params(listed, in);
+    seg->params = ckpt::node_params(listed);
     std::vector<at::Tensor> forward_outs = run_forward(*seg, in, fwd_ctx);
     std::vector<at::Tensor> params = seg->params;
     at::Tensor dummy = at::empty({0}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true);

@@ -59,10 +59,9 @@ struct RngProbe {
 // ---- params.cpp
 
 // The parameters among `listed` that the node takes as inputs: defined leaves that require
-// grad, each once (one that is also among the segment's `inputs` too: the recompute reads
-// the input through its detached copy and the parameter through the captured module).
-std::vector<at::Tensor> node_params(const std::vector<at::Tensor>& listed,
-                                    const std::vector<at::Tensor>& inputs);
+// grad, each once. One that is also an input of the segment stays listed: the recompute
+// reads the input through its detached copy and the parameter through the captured module.
+std::vector<at::Tensor> node_params(const std::vector<at::Tensor>& listed);
 
 // While alive, records which of `params` the ops run on this thread take as inputs (a
 // segment's forward run: see params.cpp). Nothing is recorded, and ops pay nothing, when

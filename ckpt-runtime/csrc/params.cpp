@@ -153,11 +153,7 @@ std::vector<at::Tensor> ParamUsage::used() const {
   return out;
 }
 
-std::vector<at::Tensor> node_params(const std::vector<at::Tensor>& listed,
-                                    const std::vector<at::Tensor>& inputs) {
-  // A parameter that is also an input stays listed: the recompute reads the input's
-  // detached copy, but the captured module reads the parameter itself.
-  (void)inputs;
+std::vector<at::Tensor> node_params(const std::vector<at::Tensor>& listed) {
   std::vector<at::Tensor> out;
   std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& p : listed) {
