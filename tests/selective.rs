@@ -113,7 +113,8 @@ fn selective_policy_gives_the_plain_gradients_bit_for_bit() {
 
 /// Bytes alive between forward and backward: the stash alone for the full recompute;
 /// with the selective policy also every linear output (float32) and every dropout mask
-/// (one byte an element) with the generator state after its draw.
+/// (one bit an element, rounded up to whole bytes) with the generator state after its
+/// draw.
 #[test]
 fn selective_policy_keeps_exactly_the_linear_outputs_and_the_masks() {
     let _rng = rng();
@@ -137,12 +138,14 @@ fn selective_policy_keeps_exactly_the_linear_outputs_and_the_masks() {
     // Per block: qkv [rows, 3D], proj [rows, D], ff1 [rows, 4D], ff2 [rows, D].
     let linear_per_block = rows * (3 * D + D + 4 * D + D) * f32_bytes;
     assert_eq!(linear - full, 2 * linear_per_block, "linear outputs kept");
-    // Per block: the attention mask [b, heads, t, t] and two [b, t, D] masks.
-    let mask_elems = b * HEADS * t * t + 2 * b * t * D;
-    let per_block_state = (masks - full - 2 * mask_elems) / 6;
+    // Per block: the attention mask [b, heads, t, t] and two [b, t, D] masks, 8 elements
+    // a byte.
+    let bits = |elems: i64| (elems + 7) / 8;
+    let mask_bytes = bits(b * HEADS * t * t) + 2 * bits(b * t * D);
+    let per_block_state = (masks - full - 2 * mask_bytes) / 6;
     assert_eq!(
         masks - full,
-        2 * mask_elems + 6 * per_block_state,
+        2 * mask_bytes + 6 * per_block_state,
         "masks kept, plus one generator state per dropout"
     );
     assert!(
@@ -235,6 +238,54 @@ fn linear_paths_that_are_not_kept_still_match() {
         ckpt::checkpoint_with(&opts, move |x: Tensor| f(&a, &b, &x), x.shallow_clone())
     });
     assert_all_equal("bias-less and strided linear", &sel, &plain);
+}
+
+/// Dropout masks are kept as bits, 8 elements a byte: element counts that do not fill
+/// the last byte, strided (transposed) inputs and float64 still give the plain noise
+/// back, so outputs and gradients are bit-equal and the masks take `ceil(n / 8)` bytes.
+#[test]
+fn kept_mask_bits_of_any_size_and_layout_match_plain() {
+    let _rng = rng();
+    tch::manual_seed(5);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let w = vs.root().randn("w", &[13, 3], 0.0, 1.0);
+    let f = |w: &Tensor, x: &Tensor| {
+        // [3, 13] -> transposed [13, 3] (not contiguous), 39 elements; then 5 elements.
+        let h = (x.transpose(0, 1) * w).dropout(0.3, true);
+        let tail = h
+            .sum_dim_intlist(1, false, Kind::Float)
+            .narrow(0, 0, 5)
+            .dropout(0.5, true);
+        let wide = x
+            .to_kind(Kind::Double)
+            .dropout(0.25, true)
+            .to_kind(Kind::Float);
+        h.sum(Kind::Float) + tail.sum(Kind::Float) + wide.sum(Kind::Float)
+    };
+    let x = Tensor::randn([3, 13], (Kind::Float, Device::Cpu));
+    let plain = step(&vs, &x, &|x| f(&w, x));
+    let opts = CheckpointOptions::new().policy(Policy::RECOMPUTE_ALL.save_dropout_masks(true));
+    let masked = step(&vs, &x, &|x| {
+        let w = w.shallow_clone();
+        ckpt::checkpoint_with(&opts, move |x: Tensor| f(&w, &x), x.shallow_clone())
+    });
+    assert_all_equal("odd-sized, strided and float64 masks", &masked, &plain);
+    let kept = |policy: Policy| {
+        let x = x.detach().set_requires_grad(true);
+        let opts = CheckpointOptions::new().policy(policy);
+        let before = ckpt::memory::current_bytes(Device::Cpu);
+        let w2 = w.shallow_clone();
+        let y = ckpt::checkpoint_with(&opts, move |x: Tensor| f(&w2, &x), x);
+        let after = ckpt::memory::current_bytes(Device::Cpu);
+        drop(y);
+        after - before
+    };
+    let full = kept(Policy::RECOMPUTE_ALL);
+    let masks = kept(Policy::RECOMPUTE_ALL.save_dropout_masks(true));
+    let bits = (39 + 7) / 8 + (5 + 7) / 8 + (39 + 7) / 8;
+    let states = (masks - full - bits) / 3;
+    assert_eq!(masks - full, bits + 3 * states, "ceil(n / 8) bytes a mask");
+    assert!((1..=8192).contains(&states), "generator state {states} B");
 }
 
 /// The recompute really uses what forward kept: under the selective policy a linear

@@ -1,6 +1,6 @@
 // Selective checkpointing: a segment's forward run keeps the outputs of `aten::linear`
 // (expensive to recompute, cheap to keep: Korthikanti et al., "Reducing Activation
-// Recomputation in Large Transformer Models", 2022) and its dropout masks (one byte an
+// Recomputation in Large Transformer Models", 2022) and its dropout masks (one bit an
 // element instead of a redraw), and the recompute in backward uses them instead of
 // computing them again. PyTorch offers the same idea as selective activation
 // checkpointing (`torch.utils.checkpoint.create_selective_checkpoint_contexts` with a
@@ -14,13 +14,14 @@
 // - record (the segment's forward, grad mode off): linear runs the composite's fused
 //   path itself (`addmm(bias, input2d, weight.t())`, with the same flattening of a
 //   contiguous N-d input) and keeps the 2-d result; dropout on CPU draws its noise as
-//   the composite does (`empty_like`, `bernoulli_(1 - p)`), keeps it as a bool mask with
-//   the generator's state after the draw, and returns `input * noise / (1 - p)`;
+//   the composite does (`empty_like`, `bernoulli_(1 - p)`), keeps it as a bit mask (8
+//   elements a byte, in the input's logical element order) with the generator's state
+//   after the draw, and returns `input * noise / (1 - p)`;
 // - replay (the recompute, grad mode on): linear builds the very graph the composite
 //   would (view of the input, `t()` of the weight, PyTorch's own `AddmmBackward0` node
 //   with the tensors it saves, view of the result) around the kept result; dropout
-//   rebuilds the noise from the mask (0/1 floats divided by 1 - p are bit-equal to the
-//   drawn ones), puts the generator where the draw left it, and multiplies.
+//   rebuilds the noise from the bits, laid out as the input (0/1 floats divided by
+//   1 - p are bit-equal to the drawn ones), puts the generator where the draw left it, and multiplies.
 // Gradients are therefore bit-equal to the full recompute's, and to the plain model's.
 //
 // Rules: the recompute must call linear and dropout in the order and with the shapes
@@ -32,6 +33,7 @@
 #include "policy.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/Generator.h>
 #include <ATen/ops/dropout_native.h>
 #include <ATen/ops/linear_native.h>
@@ -42,6 +44,7 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -57,7 +60,8 @@ struct LinearEntry {
 };
 
 struct DropoutEntry {
-  at::Tensor mask;           // bool, the input's shape: true where kept
+  at::Tensor bits;           // uint8 [ceil(numel / 8)]: bit i % 8 of byte i / 8 is
+                             // element i (logical order) of the noise, 1 where kept
   at::Tensor state_after;    // CPU generator state after the draw
   std::vector<int64_t> sizes;
   double p;
@@ -204,6 +208,39 @@ at::Tensor linear_kernel(const at::Tensor& input, const at::Tensor& weight,
 // dropout (CPU: the composite draws its noise with bernoulli_; on CUDA it calls the
 // fused native_dropout, which this file leaves alone)
 
+// The noise's 0/1 pattern as bits, 8 elements a byte, least significant bit first.
+at::Tensor pack_bits(const at::Tensor& noise) {
+  const at::Tensor kept = noise.ne(0).contiguous();
+  const int64_t n = kept.numel();
+  at::Tensor bits = at::empty({(n + 7) / 8}, kept.options().dtype(at::kByte));
+  const bool* in = kept.const_data_ptr<bool>();
+  uint8_t* out = bits.mutable_data_ptr<uint8_t>();
+  at::parallel_for(0, bits.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      uint8_t byte = 0;
+      const int64_t first = i * 8;
+      const int64_t count = std::min<int64_t>(8, n - first);
+      for (int64_t j = 0; j < count; ++j) byte |= static_cast<uint8_t>(in[first + j]) << j;
+      out[i] = byte;
+    }
+  });
+  return bits;
+}
+
+// The noise again: 0/1 of `input`'s type, sizes and strides, from `pack_bits`'s bits.
+at::Tensor unpack_bits(const at::Tensor& bits, const at::Tensor& input) {
+  const int64_t n = input.numel();
+  at::Tensor kept = at::empty(input.sizes(), input.options().dtype(at::kBool));
+  const uint8_t* in = bits.const_data_ptr<uint8_t>();
+  bool* out = kept.mutable_data_ptr<bool>();
+  at::parallel_for(0, n, 1 << 18, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = (in[i >> 3] >> (i & 7)) & 1;
+  });
+  at::Tensor noise = at::empty_like(input);
+  noise.copy_(kept);
+  return noise;
+}
+
 at::Tensor dropout_kernel(const at::Tensor& input, double p, bool train) {
   Cache* c = t_cache;
   if (t_mode == kOff || c == nullptr || (c->flags & kSaveDropoutMasks) == 0 || !train ||
@@ -214,7 +251,7 @@ at::Tensor dropout_kernel(const at::Tensor& input, double p, bool train) {
   if (t_mode == kRecord) {
     at::Tensor noise = at::empty_like(input);
     noise.bernoulli_(1 - p);
-    c->dropouts.push_back({noise.to(at::kBool), cpu_generator_state(), input.sizes().vec(), p});
+    c->dropouts.push_back({pack_bits(noise), cpu_generator_state(), input.sizes().vec(), p});
     noise.div_(1 - p);
     return input * noise;
   }
@@ -228,7 +265,7 @@ at::Tensor dropout_kernel(const at::Tensor& input, double p, bool train) {
              sizes_str(input.sizes()) + " where forward called dropout(p = " +
              std::to_string(e.p) + ") on sizes " + sizes_str(e.sizes));
   }
-  at::Tensor noise = e.mask.to(input.scalar_type());
+  at::Tensor noise = unpack_bits(e.bits, input);
   noise.div_(1 - p);
   set_cpu_generator_state(e.state_after);
   return input * noise;
@@ -254,7 +291,7 @@ int64_t bytes(const Cache* cache) {
   int64_t n = 0;
   for (const auto& e : cache->linears) n += static_cast<int64_t>(e.out2d.nbytes());
   for (const auto& e : cache->dropouts) {
-    n += static_cast<int64_t>(e.mask.nbytes() + e.state_after.nbytes());
+    n += static_cast<int64_t>(e.bits.nbytes() + e.state_after.nbytes());
   }
   return n;
 }

@@ -176,7 +176,7 @@ impl CheckpointOptions {
 ///   `Linear` (`aten::linear` with a bias, on a 2-d input or a contiguous one, the
 ///   composite's fused `addmm` path), 4 bytes an element in float32; the recompute
 ///   skips the matmul. Norms, activations, softmax and attention scores are recomputed.
-/// - **dropout masks** (`save_dropout_masks`, CPU): a bool mask (1 byte an element) and
+/// - **dropout masks** (`save_dropout_masks`, CPU): a bit mask (1 bit an element, 8 a byte) and
 ///   the generator's state after the draw (about 5 KiB on CPU) for every training-mode
 ///   `dropout`; the recompute rebuilds the noise instead of drawing it again.
 ///

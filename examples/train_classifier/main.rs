@@ -71,7 +71,7 @@ enum PolicyArg {
     /// Also keep every Linear output and dropout mask; recompute the attention core,
     /// norms and activations (`ckpt::Policy::selective`).
     Selective,
-    /// Keep the dropout masks (1 byte an element) instead of drawing them again;
+    /// Keep the dropout masks (1 bit an element) instead of drawing them again;
     /// recompute the rest.
     Masks,
 }
