@@ -14,14 +14,11 @@ cd "$(dirname "$0")/.."
 rounds="${1:-5}"
 steps=6
 
-torch_dir="$(readlink -f .libtorch)"
-python="${CKPT_BENCH_PYTHON:-$(cd "$torch_dir/../../../.." 2>/dev/null && pwd)/bin/python}"
+source bench/common.sh
 torchrun="$(dirname "$python")/torchrun"
 [ -x "$torchrun" ] || { echo "ddp_encoder: no torchrun beside $python (set CKPT_BENCH_PYTHON)" >&2; exit 1; }
 
-cargo build --release --locked -p ckpt-bench
 cargo build --release --locked --example train_classifier
-target="${CARGO_TARGET_DIR:-target}"
 # Each round's raw JSON stays here (target/ddp_encoder/{ours,torch}_N.json).
 tmp="$target/ddp_encoder"
 rm -rf "$tmp" && mkdir -p "$tmp"

@@ -10,6 +10,7 @@
 
 pub mod measure;
 pub mod models;
+pub mod util;
 
 use std::panic::catch_unwind;
 

@@ -16,9 +16,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, anyhow, bail};
 use ckpt_bench::measure::{self, Measured};
 use ckpt_bench::models::{self, classifier};
+use ckpt_bench::util::{self, font};
 use clap::Parser;
 use plotters::prelude::*;
 use serde::Serialize;
@@ -186,28 +187,16 @@ fn encoder_config(cfg: &Config) -> classifier::ModelConfig {
 
 /// Runs `torch_side.py` with `request` and parses the JSON object it prints last.
 fn python(args: &Args, request: &Value) -> Result<Value> {
-    let out = Command::new(&args.python)
-        .arg(&args.script)
-        .arg("--meter")
-        .arg(&args.meter)
-        .arg("--threads")
-        .arg(args.threads.to_string())
-        .arg("--request")
-        .arg(request.to_string())
-        .output()
-        .with_context(|| format!("cannot run {}", args.python.display()))?;
-    ensure!(
-        out.status.success(),
-        "the PyTorch side failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout
-        .lines()
-        .last()
-        .ok_or_else(|| anyhow!("the PyTorch side printed nothing"))?;
-    serde_json::from_str(last).with_context(|| format!("the PyTorch side printed {last:?}"))
+    util::last_json_line(
+        Command::new(&args.python)
+            .arg(&args.script)
+            .arg("--meter")
+            .arg(&args.meter)
+            .arg("--threads")
+            .arg(args.threads.to_string())
+            .arg("--request")
+            .arg(request.to_string()),
+    )
 }
 
 fn measured(v: &Value) -> Result<Measured> {
@@ -817,14 +806,4 @@ impl Report {
         root.present().map_err(|e| draw(&e))?;
         Ok(())
     }
-}
-
-/// Text uses the Hack font shipped inside the binary, so no system fonts are needed.
-fn font() -> Result<()> {
-    plotters::style::register_font(
-        "sans-serif",
-        FontStyle::Normal,
-        epaint_default_fonts::HACK_REGULAR,
-    )
-    .map_err(|_| anyhow!("the built-in font cannot be loaded"))
 }

@@ -1,0 +1,141 @@
+"""The PyTorch side of ckpt's frontier benchmark (bench/src/frontier/, bench/frontier.sh).
+
+One process of one round: builds the seed transformer (torch_side.Classifier, the main
+program's encoder stage for stage) once per point, trains every point on the same batch
+with the points taking turns step by step, and prints one JSON object on its last line:
+per point the median step seconds, every measured step, and the peak tensor bytes above
+the step's baseline from ckpt's counter (libckpt_bench.so installs it into this
+process's libtorch). Points:
+
+- plain;
+- full/N: the blocks cut as checkpoint_sequential(blocks, N) cuts them, each segment but
+  the last through checkpoint(.., use_reentrant=False);
+- selective/N: the same cuts, each checkpointed segment under selective activation
+  checkpointing (torch.utils.checkpoint.create_selective_checkpoint_contexts) with the
+  policy "save every Linear output, recompute the rest": MUST_SAVE for aten.addmm (the
+  op nn.Linear with a bias runs on a contiguous 2-d or 3-d input), PREFER_RECOMPUTE for
+  everything else.
+"""
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_side import Classifier, Meter  # noqa: E402
+
+SAVED_OPS = {torch.ops.aten.addmm.default}
+
+
+def save_linear_outputs(ctx, op, *args, **kwargs):
+    """The selective policy: keep Linear outputs, recompute the rest."""
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def forward(model, ids, segments, selective):
+    """Classifier.forward with an optional selective policy on each checkpointed segment."""
+    stages = model.stages(ids)
+    size = model.layers // min(segments, model.layers)
+    starts = [2 + k * size for k in range(1, min(segments, model.layers))]
+    bounds = [0] + starts + [len(stages)]
+    context_fn = (
+        functools.partial(create_selective_checkpoint_contexts, save_linear_outputs)
+        if selective
+        else None
+    )
+    x = ids
+    for k in range(len(bounds) - 1):
+        a, b = bounds[k], bounds[k + 1]
+
+        def run(x, a=a, b=b):
+            for f in stages[a:b]:
+                x = f(x)
+            return x
+
+        if k == len(bounds) - 2:
+            x = run(x)
+        elif context_fn is None:
+            x = checkpoint(run, x, use_reentrant=False)
+        else:
+            x = checkpoint(run, x, use_reentrant=False, context_fn=context_fn)
+    return x
+
+
+def point_name(p):
+    if p["kind"] == "plain":
+        return "plain"
+    return f"{p['kind']}/{p['segments']}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--meter", required=True, help="path of libckpt_bench.so")
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--request", required=True, help="JSON: {shape, points}")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    meter = Meter(args.meter)
+    request = json.loads(args.request)
+    shape = request["shape"]
+    c = {"d": 256, "layers": 6, "seq": shape["seq"], "hidden": 1024}
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 20, (shape["batch"], shape["seq"]), generator=gen)
+    labels = torch.randint(0, 10, (shape["batch"],), generator=gen)
+    runs = []
+    for p in request["points"]:
+        if p["kind"] not in ("plain", "full", "selective"):
+            raise SystemExit(f"frontier_torch: no PyTorch point {p['kind']}")
+        torch.manual_seed(0)
+        model = Classifier(c)
+        model.train()
+        runs.append({
+            "name": point_name(p),
+            "model": model,
+            "opt": torch.optim.AdamW(model.parameters(), lr=1e-4),
+            "segments": p.get("segments", 1),
+            "selective": p["kind"] == "selective",
+            "seconds": [],
+            "peak": 0,
+        })
+    for step in range(shape["warmup"] + shape["steps"]):
+        for r in runs:
+            meter.reset_peak()
+            base = meter.current()
+            start = time.perf_counter()
+            loss = F.cross_entropy(forward(r["model"], ids, r["segments"], r["selective"]), labels)
+            r["opt"].zero_grad(set_to_none=False)
+            loss.backward()
+            r["opt"].step()
+            del loss
+            seconds = time.perf_counter() - start
+            if step >= shape["warmup"]:
+                r["seconds"].append(seconds)
+                r["peak"] = max(r["peak"], meter.peak() - base)
+    print(json.dumps({
+        "points": [
+            {
+                "name": r["name"],
+                "step_seconds_median": statistics.median(r["seconds"]),
+                "step_seconds": r["seconds"],
+                "peak_bytes": r["peak"],
+            }
+            for r in runs
+        ],
+        "torch_version": torch.__version__,
+    }))
+
+
+if __name__ == "__main__":
+    main()

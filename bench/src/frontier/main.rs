@@ -1,0 +1,209 @@
+//! `ckpt-frontier`: the memory/time frontier of checkpointing policies on the seed
+//! transformer, ckpt against PyTorch's selective activation checkpointing, measured in
+//! interleaved rounds. `bench/frontier.sh` builds it and the byte meter and passes the
+//! paths; it writes `FRONTIER.md`, `frontier.json` and `frontier.png` into `--out`.
+//!
+//! Method: for each configuration, each round runs one ckpt process and one PyTorch
+//! process (`frontier_torch.py`), in alternating order (ckpt first in odd rounds); inside
+//! a process every point of the configuration trains side by side, the points taking
+//! turns step by step. A point's time in a round is the median of its measured steps; the
+//! report gives the median over rounds, the spread (min..max), and the median of the
+//! per-round ratios (ckpt / PyTorch for the same point, and each point / plain of the
+//! same process). Peak bytes come from one counter on both sides (`ckpt::memory`'s
+//! counting allocator; the PyTorch process loads it from `libckpt_bench.so`) and must be
+//! equal in every round.
+
+mod report;
+mod side;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context, Result, ensure};
+use ckpt_bench::util::last_json_line;
+use clap::{Parser, Subcommand};
+use serde_json::json;
+
+use side::{Point, PointResult, Shape};
+
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Runs every configuration in interleaved rounds and writes the report.
+    Run(RunArgs),
+    /// One ckpt process of a round (run by `run`; prints JSON on its last line).
+    #[command(hide = true)]
+    Side {
+        /// The configuration's shape, as JSON.
+        #[arg(long)]
+        shape: String,
+        /// The points, as JSON.
+        #[arg(long)]
+        points: String,
+        #[arg(long)]
+        threads: i32,
+    },
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct RunArgs {
+    /// Rounds per configuration (each runs both sides once, alternating which is first).
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Only the seq-256 configuration, 2 rounds, 1 + 2 steps: a smoke run.
+    #[arg(long)]
+    quick: bool,
+    /// Intra-op threads on both sides.
+    #[arg(long, default_value_t = 2)]
+    threads: i32,
+    /// A Python with PyTorch 2.13.0 (the venv that `./x.sh` sets up).
+    #[arg(long)]
+    python: PathBuf,
+    /// `libckpt_bench.so`, which the PyTorch side loads to count tensor bytes.
+    #[arg(long)]
+    meter: PathBuf,
+    /// The PyTorch side's script.
+    #[arg(long, default_value = "bench/frontier_torch.py")]
+    script: PathBuf,
+    /// Directory for FRONTIER.md, frontier.json and frontier.png.
+    #[arg(long, default_value = "bench")]
+    out: PathBuf,
+    /// Machine description for the report.
+    #[arg(long, default_value = "unknown machine")]
+    machine: String,
+    /// Date for the report.
+    #[arg(long, default_value = "unknown date")]
+    date: String,
+}
+
+/// One configuration: a name, a shape, and its points.
+#[derive(Debug, Clone)]
+struct Config {
+    name: String,
+    shape: Shape,
+    points: Vec<Point>,
+}
+
+fn configs(quick: bool) -> Vec<Config> {
+    let points = |segments: &[usize]| {
+        let mut p = vec![Point::Plain];
+        p.extend(segments.iter().map(|&segments| Point::Full { segments }));
+        p.extend([
+            Point::Selective { segments: 3 },
+            Point::Masks { segments: 3 },
+            Point::SelectiveMasks { segments: 3 },
+        ]);
+        p.extend([0.3, 0.5, 0.7].map(|fraction| Point::Budget { fraction }));
+        p
+    };
+    let (warmup, steps) = if quick { (1, 2) } else { (2, 3) };
+    let shape = |seq, batch| Shape {
+        seq,
+        batch,
+        warmup,
+        steps,
+    };
+    let mut all = vec![Config {
+        name: "seq256-batch16".into(),
+        shape: shape(256, 16),
+        points: points(&[3, 6]),
+    }];
+    if !quick {
+        all.push(Config {
+            name: "seq1024-batch4".into(),
+            shape: shape(1024, 4),
+            points: points(&[3, 6]),
+        });
+    }
+    all
+}
+
+/// One process of one side: its points' results.
+fn one_side(args: &RunArgs, cfg: &Config, ckpt_side: bool) -> Result<Vec<PointResult>> {
+    let shape = serde_json::to_string(&cfg.shape)?;
+    let value = if ckpt_side {
+        let points = serde_json::to_string(&cfg.points)?;
+        last_json_line(
+            Command::new(std::env::current_exe().context("cannot find this program")?)
+                .args(["side", "--shape", &shape, "--points", &points])
+                .arg("--threads")
+                .arg(args.threads.to_string()),
+        )?
+    } else {
+        let points: Vec<Point> = cfg
+            .points
+            .iter()
+            .copied()
+            .filter(Point::on_both_sides)
+            .collect();
+        last_json_line(
+            Command::new(&args.python)
+                .arg(&args.script)
+                .arg("--meter")
+                .arg(&args.meter)
+                .arg("--threads")
+                .arg(args.threads.to_string())
+                .arg("--request")
+                .arg(json!({"shape": cfg.shape, "points": points}).to_string()),
+        )?
+    };
+    Ok(serde_json::from_value(value["points"].clone())?)
+}
+
+fn run(args: &RunArgs) -> Result<()> {
+    ensure!(args.rounds >= 1, "--rounds must be at least 1");
+    let rounds = if args.quick { 2 } else { args.rounds };
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let mut measured = Vec::new();
+    for cfg in configs(args.quick) {
+        let mut per_round = Vec::new();
+        for round in 1..=rounds {
+            let ckpt_first = round % 2 == 1;
+            let mut ours = None;
+            let mut theirs = None;
+            for ckpt_side in [ckpt_first, !ckpt_first] {
+                let r = one_side(args, &cfg, ckpt_side)?;
+                if ckpt_side {
+                    ours = Some(r)
+                } else {
+                    theirs = Some(r)
+                }
+            }
+            eprintln!("frontier: {} round {round} of {rounds} done", cfg.name);
+            per_round.push(report::Round {
+                ckpt: ours.expect("ran"),
+                torch: theirs.expect("ran"),
+            });
+        }
+        measured.push((cfg, per_round));
+    }
+    let report = report::Report::new(&args.machine, &args.date, args.threads, rounds, measured)?;
+    report.write(&args.out)?;
+    eprintln!("wrote {}", args.out.display());
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Cmd::Run(args) => run(&args),
+        Cmd::Side {
+            shape,
+            points,
+            threads,
+        } => {
+            tch::set_num_threads(threads);
+            let shape: Shape = serde_json::from_str(&shape)?;
+            let points: Vec<Point> = serde_json::from_str(&points)?;
+            let results = side::run(&shape, &points)?;
+            println!("{}", json!({ "points": results }));
+            Ok(())
+        }
+    }
+}

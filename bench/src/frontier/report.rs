@@ -1,0 +1,489 @@
+//! The frontier report: per configuration and point, medians and spreads over rounds,
+//! per-round ratios, the issue's goals, `FRONTIER.md`, `frontier.json`, `frontier.png`.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result, anyhow, ensure};
+use ckpt_bench::measure::median;
+use ckpt_bench::util::font;
+use plotters::prelude::*;
+use serde::Serialize;
+
+use super::Config;
+use super::side::PointResult;
+
+const MIB: f64 = 1048576.0;
+
+/// The two processes of one round.
+#[derive(Debug, Clone)]
+pub struct Round {
+    pub ckpt: Vec<PointResult>,
+    pub torch: Vec<PointResult>,
+}
+
+/// A median with the spread it came from.
+#[derive(Debug, Clone, Serialize)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub values: Vec<f64>,
+}
+
+impl Spread {
+    fn of(values: Vec<f64>) -> Spread {
+        Spread {
+            median: median(&values),
+            min: values.iter().copied().fold(f64::INFINITY, f64::min),
+            max: values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            values,
+        }
+    }
+
+    fn show(&self, digits: usize) -> String {
+        format!(
+            "{:.d$} ({:.d$}..{:.d$})",
+            self.median,
+            self.min,
+            self.max,
+            d = digits
+        )
+    }
+}
+
+/// One side's figures for one point over all rounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct SideFigures {
+    /// Per-round median step seconds.
+    pub seconds: Spread,
+    /// Per-round ratio to the plain point of the same process.
+    pub vs_plain: Spread,
+    /// Peak bytes (the same in every round; checked).
+    pub peak_bytes: i64,
+    /// Fraction of the plain point's peak saved (0.63 = 63 % less).
+    pub saved: f64,
+}
+
+/// One point of one configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct PointFigures {
+    pub name: String,
+    pub hand_chosen: bool,
+    pub ckpt: SideFigures,
+    pub torch: Option<SideFigures>,
+    /// Per-round ckpt / PyTorch step-time ratio.
+    pub time_ratio: Option<Spread>,
+    pub peak_ratio: Option<f64>,
+    /// For a budget point: the plan and its predicted peak.
+    pub plan: Option<String>,
+    pub predicted_peak_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ConfigFigures {
+    pub name: String,
+    pub seq: i64,
+    pub batch: i64,
+    pub warmup: usize,
+    pub steps: usize,
+    pub points: Vec<PointFigures>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub machine: String,
+    pub date: String,
+    pub threads: i32,
+    pub rounds: usize,
+    pub configs: Vec<ConfigFigures>,
+}
+
+fn side_figures(per_round: &[&[PointResult]], name: &str) -> Result<Option<SideFigures>> {
+    let find = |results: &[PointResult], n: &str| results.iter().find(|r| r.name == n).cloned();
+    let mut seconds = Vec::new();
+    let mut vs_plain = Vec::new();
+    let mut peaks = Vec::new();
+    let mut plain_peak = 0;
+    for results in per_round {
+        let Some(p) = find(results, name) else {
+            return Ok(None);
+        };
+        let plain = find(results, "plain").ok_or_else(|| anyhow!("no plain point"))?;
+        seconds.push(p.step_seconds_median);
+        vs_plain.push(p.step_seconds_median / plain.step_seconds_median);
+        peaks.push(p.peak_bytes);
+        plain_peak = plain.peak_bytes;
+    }
+    ensure!(
+        peaks.windows(2).all(|w| w[0] == w[1]),
+        "{name}: peak bytes differ between rounds: {peaks:?}"
+    );
+    Ok(Some(SideFigures {
+        seconds: Spread::of(seconds),
+        vs_plain: Spread::of(vs_plain),
+        peak_bytes: peaks[0],
+        saved: 1.0 - peaks[0] as f64 / plain_peak as f64,
+    }))
+}
+
+impl Report {
+    pub fn new(
+        machine: &str,
+        date: &str,
+        threads: i32,
+        rounds: usize,
+        measured: Vec<(Config, Vec<Round>)>,
+    ) -> Result<Report> {
+        let mut configs = Vec::new();
+        for (cfg, rounds_of) in measured {
+            let ours: Vec<&[PointResult]> = rounds_of.iter().map(|r| &r.ckpt[..]).collect();
+            let theirs: Vec<&[PointResult]> = rounds_of.iter().map(|r| &r.torch[..]).collect();
+            let mut points = Vec::new();
+            for point in &cfg.points {
+                let name = point.name();
+                let ckpt = side_figures(&ours, &name)?
+                    .ok_or_else(|| anyhow!("ckpt did not run {name}"))?;
+                let torch = if point.on_both_sides() {
+                    side_figures(&theirs, &name)?
+                } else {
+                    None
+                };
+                let time_ratio = torch.as_ref().map(|_| {
+                    Spread::of(
+                        rounds_of
+                            .iter()
+                            .map(|r| {
+                                let t = |v: &[PointResult]| {
+                                    v.iter()
+                                        .find(|p| p.name == name)
+                                        .map_or(f64::NAN, |p| p.step_seconds_median)
+                                };
+                                t(&r.ckpt) / t(&r.torch)
+                            })
+                            .collect(),
+                    )
+                });
+                let last = rounds_of
+                    .last()
+                    .and_then(|r| r.ckpt.iter().find(|p| p.name == name));
+                points.push(PointFigures {
+                    peak_ratio: torch
+                        .as_ref()
+                        .map(|t| ckpt.peak_bytes as f64 / t.peak_bytes as f64),
+                    name,
+                    hand_chosen: point.hand_chosen(),
+                    ckpt,
+                    torch,
+                    time_ratio,
+                    plan: last.and_then(|p| p.plan.clone()),
+                    predicted_peak_bytes: last.and_then(|p| p.predicted_peak_bytes),
+                });
+            }
+            configs.push(ConfigFigures {
+                name: cfg.name.clone(),
+                seq: cfg.shape.seq,
+                batch: cfg.shape.batch,
+                warmup: cfg.shape.warmup,
+                steps: cfg.shape.steps,
+                points,
+            });
+        }
+        Ok(Report {
+            machine: machine.into(),
+            date: date.into(),
+            threads,
+            rounds,
+            configs,
+        })
+    }
+
+    /// Writes `FRONTIER.md`, `frontier.json` and `frontier.png` into `out`.
+    pub fn write(&self, out: &Path) -> Result<()> {
+        let json = out.join("frontier.json");
+        std::fs::write(&json, serde_json::to_string_pretty(self)? + "\n")
+            .with_context(|| format!("cannot write {}", json.display()))?;
+        let md = out.join("FRONTIER.md");
+        std::fs::write(&md, self.markdown())
+            .with_context(|| format!("cannot write {}", md.display()))?;
+        self.plot(&out.join("frontier.png"))
+    }
+
+    fn markdown(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "<!-- generated by `bench/frontier.sh` (bench/src/frontier/); edit the generator, not this file -->\n\
+             # The memory/time frontier: selective checkpointing, ckpt and PyTorch\n\n\
+             Measured {} on {}, {} intra-op threads a process, libtorch 2.13.0 on both sides, \
+             {} rounds a configuration.\n\n\
+             ```sh\nbench/frontier.sh            # all rounds; bench/frontier.sh --quick for a smoke run\n```\n",
+            self.date, self.machine, self.threads, self.rounds
+        );
+        let _ = writeln!(
+            s,
+            "The seed transformer (the main program's encoder: 6 pre-LN blocks, 4 heads, d_model 256, \
+             feed-forward 1024, dropout 0.1, AdamW), cross-entropy on random tokens. Points: \
+             `plain`; `full/N`: `checkpoint_sequential(blocks, N)` cuts (the last segment plain), \
+             full recompute; `selective/3`: the same 3-segment cuts, each checkpointed segment \
+             keeping its Linear outputs and recomputing the rest (ckpt: \
+             `Policy::selective().save_dropout_masks(false)`; PyTorch: \
+             `checkpoint(.., use_reentrant=False, context_fn=..)` with \
+             `create_selective_checkpoint_contexts` and `MUST_SAVE` for `aten.addmm`, \
+             `PREFER_RECOMPUTE` otherwise); ckpt only: `masks/3` (dropout masks kept, 1 byte an \
+             element), `selective+masks/3` (`Policy::selective()`), `budget P%` \
+             (`segments = auto` within P % of plain's predicted peak).\n"
+        );
+        let _ = writeln!(
+            s,
+            "Each round runs one process a side, the order alternating (ckpt first in odd rounds); \
+             inside a process the points take turns step by step. Time: a point's median step in \
+             a round; the table gives the median over rounds and (min..max). `x plain`: the \
+             per-round ratio to the plain point of the same process (median, min..max). \
+             `ckpt / PyTorch`: the per-round ratio of the same point's times. Peak: tensor bytes \
+             above the step's baseline, from one counting allocator on both sides; exact, and \
+             checked equal in every round.\n\n\
+             **Reading the spreads.** A time ratio is a claim only when its spread supports it: \
+             the goals below say `met` or `not met` only when every round's ratio falls on the \
+             same side of the goal, and `undecided` otherwise. Bytes repeat exactly.\n"
+        );
+        for c in &self.configs {
+            let _ = writeln!(
+                s,
+                "## {} (seq {}, batch {}; {} warm-up + {} measured steps a process)\n",
+                c.name, c.seq, c.batch, c.warmup, c.steps
+            );
+            s.push_str(
+                "| point | ckpt peak | saved | ckpt step (s) | ckpt x plain | PyTorch peak | PyTorch step (s) | PyTorch x plain | time ckpt / PyTorch | peak ckpt / PyTorch |\n\
+                 |---|---|---|---|---|---|---|---|---|---|\n",
+            );
+            for p in &c.points {
+                let (tp, ts, tx) =
+                    p.torch
+                        .as_ref()
+                        .map_or(("".into(), "".into(), "".into()), |t| {
+                            (
+                                format!("{:.1} MiB", t.peak_bytes as f64 / MIB),
+                                t.seconds.show(3),
+                                t.vs_plain.show(3),
+                            )
+                        });
+                let _ = writeln!(
+                    s,
+                    "| {} | {:.1} MiB | {:.1} % | {} | {} | {} | {} | {} | {} | {} |",
+                    p.name,
+                    p.ckpt.peak_bytes as f64 / MIB,
+                    p.ckpt.saved * 100.0,
+                    p.ckpt.seconds.show(3),
+                    p.ckpt.vs_plain.show(3),
+                    tp,
+                    ts,
+                    tx,
+                    p.time_ratio.as_ref().map_or(String::new(), |r| r.show(3)),
+                    p.peak_ratio.map_or(String::new(), |r| format!("{r:.4}")),
+                );
+            }
+            s.push('\n');
+            for p in c.points.iter().filter(|p| p.plan.is_some()) {
+                let predicted = p.predicted_peak_bytes.unwrap_or(0) as f64;
+                let _ = writeln!(
+                    s,
+                    "`{}`: predicted peak {:.1} MiB, measured {:.1} MiB (error {:+.1} %).\n\n```text\n{}\n```\n",
+                    p.name,
+                    predicted / MIB,
+                    p.ckpt.peak_bytes as f64 / MIB,
+                    (predicted / p.ckpt.peak_bytes as f64 - 1.0) * 100.0,
+                    p.plan.as_deref().unwrap_or("")
+                );
+            }
+            s.push_str(&self.goals(c));
+        }
+        s.push_str("![peak memory against step time](frontier.png)\n");
+        s
+    }
+
+    /// `met` / `not met` when every round agrees, `undecided` otherwise.
+    fn verdict(values: &[f64], goal: f64) -> &'static str {
+        if values.iter().all(|v| *v <= goal) {
+            "met"
+        } else if values.iter().all(|v| *v > goal) {
+            "not met"
+        } else {
+            "undecided"
+        }
+    }
+
+    fn goals(&self, c: &ConfigFigures) -> String {
+        let mut s = String::from("Goals:\n\n");
+        // >= 60 % less peak than plain at <= 1.15x plain.
+        let small: Vec<&PointFigures> = c.points.iter().filter(|p| p.ckpt.saved >= 0.60).collect();
+        match small
+            .iter()
+            .min_by(|a, b| a.ckpt.vs_plain.median.total_cmp(&b.ckpt.vs_plain.median))
+        {
+            Some(best) => {
+                let _ = writeln!(
+                    s,
+                    "- at >= 60 % less peak than plain, step time <= 1.15x plain: fastest such ckpt point `{}` ({:.1} % less) at {} x plain: {}",
+                    best.name,
+                    best.ckpt.saved * 100.0,
+                    best.ckpt.vs_plain.show(3),
+                    Self::verdict(&best.ckpt.vs_plain.values, 1.15)
+                );
+            }
+            None => s.push_str("- at >= 60 % less peak: no ckpt point saves 60 %: not met\n"),
+        }
+        for p in c.points.iter().filter(|p| p.name.starts_with("selective/")) {
+            if let (Some(t), Some(pr)) = (&p.time_ratio, p.peak_ratio) {
+                let _ = writeln!(
+                    s,
+                    "- selective, the same policy, ckpt / PyTorch: time {} <= 1.0: {}; peak {:.4} <= 1.02: {}",
+                    t.show(3),
+                    Self::verdict(&t.values, 1.0),
+                    pr,
+                    if pr <= 1.02 { "met" } else { "not met" }
+                );
+            }
+        }
+        // Budget points against every hand-chosen point of either side.
+        let mut hand: Vec<(String, f64, i64)> = Vec::new();
+        for p in c.points.iter().filter(|p| p.hand_chosen) {
+            hand.push((
+                format!("ckpt {}", p.name),
+                p.ckpt.seconds.median,
+                p.ckpt.peak_bytes,
+            ));
+            if let Some(t) = &p.torch {
+                hand.push((
+                    format!("PyTorch {}", p.name),
+                    t.seconds.median,
+                    t.peak_bytes,
+                ));
+            }
+        }
+        for p in c.points.iter().filter(|p| !p.hand_chosen) {
+            let ahead: Vec<&str> = hand
+                .iter()
+                .filter(|(_, secs, bytes)| {
+                    *secs < p.ckpt.seconds.median && *bytes < p.ckpt.peak_bytes
+                })
+                .map(|(n, _, _)| n.as_str())
+                .collect();
+            let _ = writeln!(
+                s,
+                "- `{}` ({:.1} MiB, {:.3} s): {}",
+                p.name,
+                p.ckpt.peak_bytes as f64 / MIB,
+                p.ckpt.seconds.median,
+                if ahead.is_empty() {
+                    "on or ahead of the hand-chosen frontier (no hand-chosen point is both faster and smaller)".to_string()
+                } else {
+                    format!(
+                        "behind: faster and smaller by median time: {}",
+                        ahead.join(", ")
+                    )
+                }
+            );
+        }
+        s.push('\n');
+        s
+    }
+
+    fn plot(&self, path: &Path) -> Result<()> {
+        font()?;
+        let draw = |e: &dyn std::fmt::Display| anyhow!("{}: drawing failed: {e}", path.display());
+        let width = 700 * self.configs.len() as u32;
+        let root = BitMapBackend::new(path, (width.max(700), 560)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| draw(&e))?;
+        let panels = root.split_evenly((1, self.configs.len().max(1)));
+        let ours = RGBColor(30, 90, 180);
+        let theirs = RGBColor(200, 90, 20);
+        for (area, c) in panels.iter().zip(&self.configs) {
+            let mut pts: Vec<(String, f64, f64, f64, f64, bool)> = Vec::new();
+            for p in &c.points {
+                pts.push((
+                    p.name.clone(),
+                    p.ckpt.seconds.median,
+                    p.ckpt.seconds.min,
+                    p.ckpt.seconds.max,
+                    p.ckpt.peak_bytes as f64 / MIB,
+                    true,
+                ));
+                if let Some(t) = &p.torch {
+                    pts.push((
+                        p.name.clone(),
+                        t.seconds.median,
+                        t.seconds.min,
+                        t.seconds.max,
+                        t.peak_bytes as f64 / MIB,
+                        false,
+                    ));
+                }
+            }
+            let x_max = pts.iter().map(|p| p.3).fold(0.0, f64::max) * 1.1;
+            let x_min = pts.iter().map(|p| p.2).fold(f64::INFINITY, f64::min) * 0.9;
+            let y_max = pts.iter().map(|p| p.4).fold(0.0, f64::max) * 1.1;
+            let mut chart = ChartBuilder::on(area)
+                .caption(
+                    format!("{}: peak against step time", c.name),
+                    ("sans-serif", 18),
+                )
+                .margin(16)
+                .x_label_area_size(40)
+                .y_label_area_size(60)
+                .build_cartesian_2d(x_min..x_max, 0.0..y_max)
+                .map_err(|e| draw(&e))?;
+            chart
+                .configure_mesh()
+                .x_desc("median step time (s), bars: min..max over rounds")
+                .y_desc("peak tensor memory (MiB)")
+                .label_style(("sans-serif", 12))
+                .draw()
+                .map_err(|e| draw(&e))?;
+            for (name, med, lo, hi, mib, is_ours) in &pts {
+                let color = if *is_ours { ours } else { theirs };
+                chart
+                    .draw_series(std::iter::once(PathElement::new(
+                        vec![(*lo, *mib), (*hi, *mib)],
+                        color.stroke_width(1),
+                    )))
+                    .map_err(|e| draw(&e))?;
+                // The marker, and its name a few pixels to the right and above it.
+                let style = ("sans-serif", 11).into_font().color(&color);
+                if *is_ours {
+                    chart
+                        .draw_series([EmptyElement::at((*med, *mib))
+                            + Circle::new((0, 0), 5, color.filled())
+                            + Text::new(name.clone(), (7, -14), style)])
+                        .map_err(|e| draw(&e))?;
+                } else {
+                    chart
+                        .draw_series([EmptyElement::at((*med, *mib))
+                            + TriangleMarker::new((0, 0), 6, color.filled())
+                            + Text::new(name.clone(), (7, 4), style)])
+                        .map_err(|e| draw(&e))?;
+                }
+            }
+            chart
+                .draw_series([Circle::new((x_min, 0.0), 0, ours.filled())])
+                .map_err(|e| draw(&e))?
+                .label("ckpt")
+                .legend(move |(x, y)| Circle::new((x + 6, y), 5, ours.filled()));
+            chart
+                .draw_series([Circle::new((x_min, 0.0), 0, theirs.filled())])
+                .map_err(|e| draw(&e))?
+                .label("PyTorch")
+                .legend(move |(x, y)| TriangleMarker::new((x + 6, y), 6, theirs.filled()));
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.9))
+                .border_style(BLACK)
+                .label_font(("sans-serif", 13))
+                .position(SeriesLabelPosition::UpperRight)
+                .draw()
+                .map_err(|e| draw(&e))?;
+        }
+        root.present().map_err(|e| draw(&e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,205 @@
+//! One side's process of a round: every point of one configuration trained side by side,
+//! the points taking turns step by step, so that load from other processes falls on all
+//! of them alike. The ckpt side runs here; `bench/frontier_torch.py` is PyTorch's.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use ckpt::Policy;
+use ckpt::plan::{Budget, Objective, Schedule};
+use ckpt_bench::measure::median;
+use ckpt_bench::models::classifier::{Classifier, ModelConfig, Strategy};
+use serde::{Deserialize, Serialize};
+use tch::nn::{self, ModuleT, OptimizerConfig};
+use tch::{Device, Kind, Tensor};
+
+/// One way of running the encoder's six blocks (a point of the frontier).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Point {
+    /// Nothing checkpointed.
+    Plain,
+    /// `checkpoint_sequential(blocks, segments)`: the last segment plain, every other one
+    /// recomputed in full.
+    Full { segments: usize },
+    /// The same cuts, each checkpointed segment keeping its Linear outputs (PyTorch:
+    /// `create_selective_checkpoint_contexts` with `MUST_SAVE` for `aten.addmm`).
+    Selective { segments: usize },
+    /// The same cuts, each checkpointed segment keeping its dropout masks (ckpt only).
+    Masks { segments: usize },
+    /// Linear outputs and dropout masks kept (`Policy::selective()`; ckpt only).
+    SelectiveMasks { segments: usize },
+    /// `segments = auto` within this fraction of the plain run's predicted peak (ckpt
+    /// only: PyTorch's eager API has no budget solver).
+    Budget { fraction: f64 },
+}
+
+impl Point {
+    /// The name in tables, JSON and the plot.
+    pub fn name(&self) -> String {
+        match *self {
+            Point::Plain => "plain".into(),
+            Point::Full { segments } => format!("full/{segments}"),
+            Point::Selective { segments } => format!("selective/{segments}"),
+            Point::Masks { segments } => format!("masks/{segments}"),
+            Point::SelectiveMasks { segments } => format!("selective+masks/{segments}"),
+            Point::Budget { fraction } => format!("budget {:.0}%", fraction * 100.0),
+        }
+    }
+
+    /// Whether PyTorch has the same point (the same cuts and the same policy).
+    pub fn on_both_sides(&self) -> bool {
+        matches!(
+            self,
+            Point::Plain | Point::Full { .. } | Point::Selective { .. }
+        )
+    }
+
+    /// Whether the user picks this point by hand (not the planner).
+    pub fn hand_chosen(&self) -> bool {
+        !matches!(self, Point::Budget { .. })
+    }
+
+    fn configure(&self, model: &mut Classifier, layers: usize) -> Result<()> {
+        let (strategy, policy) = match *self {
+            Point::Plain => (Strategy::Plain, Policy::RECOMPUTE_ALL),
+            Point::Full { segments } => (Strategy::Checkpointed(segments), Policy::RECOMPUTE_ALL),
+            Point::Selective { segments } => (
+                Strategy::Checkpointed(segments),
+                Policy::selective().save_dropout_masks(false),
+            ),
+            Point::Masks { segments } => (
+                Strategy::Checkpointed(segments),
+                Policy::RECOMPUTE_ALL.save_dropout_masks(true),
+            ),
+            Point::SelectiveMasks { segments } => {
+                (Strategy::Checkpointed(segments), Policy::selective())
+            }
+            Point::Budget { fraction } => {
+                model.set_schedule(Schedule::Auto(Objective::Budget(Budget::FractionOfPlain(
+                    fraction,
+                ))))?;
+                return Ok(());
+            }
+        };
+        strategy.apply(model, layers)?;
+        model.set_policy(policy);
+        Ok(())
+    }
+}
+
+/// The shape of one configuration (the rest is the seed transformer: 6 pre-LN blocks,
+/// 4 heads, d_model 256, feed-forward 1024, dropout 0.1).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Shape {
+    pub seq: i64,
+    pub batch: i64,
+    pub warmup: usize,
+    pub steps: usize,
+}
+
+/// What one point measured in one process.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PointResult {
+    pub name: String,
+    /// Median wall seconds of the measured steps.
+    pub step_seconds_median: f64,
+    pub step_seconds: Vec<f64>,
+    /// Peak tensor bytes of a step above the bytes live before it (the largest over the
+    /// measured steps).
+    pub peak_bytes: i64,
+    /// For a budget point: the plan the planner chose (`Plan::explain`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    /// For a budget point: its predicted peak bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_peak_bytes: Option<u64>,
+}
+
+struct Run {
+    point: Point,
+    _vs: nn::VarStore,
+    model: Classifier,
+    opt: nn::Optimizer,
+    seconds: Vec<f64>,
+    peak: i64,
+}
+
+/// Trains every point on the same batch, in turns step by step: `warmup` unmeasured
+/// steps (optimizer state, `.grad`, the planner's profile), then `steps` measured ones.
+/// A step is forward, gradients zeroed in place, backward, AdamW step (as
+/// `torch_side.py`).
+///
+/// # Errors
+///
+/// A point cannot be configured or a step fails.
+pub fn run(shape: &Shape, points: &[Point]) -> Result<Vec<PointResult>> {
+    let cfg = ModelConfig {
+        vocab_size: 20,
+        n_classes: 10,
+        seq_len: shape.seq,
+        layers: 6,
+        heads: 4,
+        d_model: 256,
+        ff: 1024,
+        dropout: 0.1,
+    };
+    tch::manual_seed(1);
+    let ids = Tensor::randint_low(
+        1,
+        cfg.vocab_size,
+        [shape.batch, shape.seq],
+        (Kind::Int64, Device::Cpu),
+    );
+    let labels = Tensor::randint(cfg.n_classes, [shape.batch], (Kind::Int64, Device::Cpu));
+    let mut runs = Vec::new();
+    for &point in points {
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let mut model = Classifier::new(vs.root(), &cfg);
+        point.configure(&mut model, cfg.layers)?;
+        let opt = nn::AdamW::default().build(&vs, 1e-4)?;
+        runs.push(Run {
+            point,
+            _vs: vs,
+            model,
+            opt,
+            seconds: Vec::new(),
+            peak: 0,
+        });
+    }
+    for step in 0..shape.warmup + shape.steps {
+        for r in &mut runs {
+            ckpt::memory::reset_peak(Device::Cpu);
+            let base = ckpt::memory::current_bytes(Device::Cpu);
+            let start = Instant::now();
+            let loss = r
+                .model
+                .forward_t(&ids, true)
+                .cross_entropy_for_logits(&labels);
+            r.opt.backward_step(&loss);
+            drop(loss);
+            let seconds = start.elapsed().as_secs_f64();
+            if step >= shape.warmup {
+                r.seconds.push(seconds);
+                r.peak = r.peak.max(ckpt::memory::peak_bytes(Device::Cpu) - base);
+            }
+        }
+    }
+    runs.into_iter()
+        .map(|r| {
+            let plan = match r.point {
+                Point::Budget { .. } => Some(r.model.plan_for(&ids, true)?),
+                _ => None,
+            };
+            Ok(PointResult {
+                name: r.point.name(),
+                step_seconds_median: median(&r.seconds),
+                step_seconds: r.seconds,
+                peak_bytes: r.peak,
+                predicted_peak_bytes: plan.as_ref().map(|p| p.predicted_peak_bytes()),
+                plan: plan.map(|p| p.explain()),
+            })
+        })
+        .collect()
+}
