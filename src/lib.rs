@@ -133,6 +133,39 @@ pub use ckpt_runtime::*;
 ///   from its forward, as [`Policy`]. `selective` keeps every `Linear` output and dropout
 ///   mask and recomputes the rest (norms, activations, attention scores): more bytes
 ///   kept, less recomputed; gradients unchanged.
+/// - `#[ckpt::keep]` on a top-level `let` of a function cut by `segments = N` or markers:
+///   the statement runs **once, inline between the segments**, as in the plain function
+///   (its value and what its backward needs stay alive; it is not recomputed). The
+///   groups are cut as without the mark, then each run of kept statements is taken out
+///   of its group, splitting it. Keep what is expensive to recompute and cheap to store
+///   (a block's projections, as Megatron's selective recompute, Korthikanti et al.
+///   2022); the side-effect rules do not apply to it, since it runs once. A mark on a
+///   function checkpointed whole, with `segments = auto` / `budget`, with a layer loop,
+///   nested in a block, with arguments, or one that leaves nothing to checkpoint is a
+///   compile error that says what to do.
+///
+///   ```
+///   # use ckpt::{checkpointed, ShallowClone};
+///   # use tch::{nn, nn::Module, Device, Kind, Tensor};
+///   # #[derive(Debug, ShallowClone)]
+///   # struct Block { ln: nn::LayerNorm, qkv: nn::Linear, out: nn::Linear }
+///   #[checkpointed]
+///   fn block(m: &Block, x: &Tensor) -> Tensor {
+///       let h = m.ln.forward(x); // segment 1 (recomputed)
+///       #[ckpt::keep]
+///       let qkv = m.qkv.forward(&h); // runs once, between the segments
+///       let a = qkv.narrow(-1, 0, 8).softmax(-1, Kind::Float) * qkv.narrow(-1, 8, 8);
+///       ckpt::cut!(); // segment 2 above (recomputed)
+///       x + m.out.forward(&a) // inline
+///   }
+///   # let vs = nn::VarStore::new(Device::Cpu);
+///   # let p = vs.root();
+///   # let m = Block { ln: nn::layer_norm(&p / "ln", vec![8], Default::default()),
+///   #     qkv: nn::linear(&p / "qkv", 8, 16, Default::default()),
+///   #     out: nn::linear(&p / "out", 8, 8, Default::default()) };
+///   # let x = Tensor::randn([2, 8], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+///   block(&m, &x).sum(Kind::Float).backward();
+///   ```
 ///
 /// **Which to use.** `#[checkpointed]` on a block's forward for a stack of blocks (each
 /// block recomputed on its own, the least memory for one extra forward); `segments = N`

@@ -125,16 +125,12 @@ pub(crate) fn advise(plan: &Plan, modules: &Modules<'_>, fn_name: &str) -> Vec<(
     let mut out = Vec::new();
     let held: Vec<Holds> = plan.stmts.iter().map(|s| holds(s, modules)).collect();
     let count = plan.groups.len();
-    let checkpointed = |g: usize| match plan.layout {
-        Layout::Whole => true,
-        Layout::Static | Layout::Runtime(_) => g + 1 < count,
-    };
     // A layer loop held whole by a checkpointed segment (a top-level loop of a run-time
     // chain is cut between its iterations instead). Not for a function checkpointed
     // whole: that is a block (a mixture of experts loops over its experts), called from
     // the model's loop, which the macro cannot see.
     for (g, group) in plan.groups.iter().enumerate() {
-        if !checkpointed(g) || matches!(plan.layout, Layout::Whole) {
+        if !group.checkpointed || matches!(plan.layout, Layout::Whole) {
             continue;
         }
         for i in group.stmts.clone() {
@@ -171,7 +167,9 @@ pub(crate) fn advise(plan: &Plan, modules: &Modules<'_>, fn_name: &str) -> Vec<(
                 .find_map(|i| held[i].layer.clone())
         };
         let last = count - 1;
-        if (0..last).all(|g| layer_in(g).is_none())
+        if (0..last)
+            .filter(|&g| plan.groups[g].checkpointed)
+            .all(|g| layer_in(g).is_none())
             && let Some(layer) = layer_in(last)
         {
             let first = plan.groups[0].stmts.start;

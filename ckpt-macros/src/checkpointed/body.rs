@@ -47,6 +47,11 @@ pub(crate) struct Body {
     /// Whether the last statement counts as a stage for `segments = N` (not when it is the
     /// name a tail `fold` was bound to).
     pub tail_counts: bool,
+    /// One entry per statement: marked `#[ckpt::keep]` (runs once, outside the segments;
+    /// the links of a split chain inherit their statement's mark).
+    pub kept: Vec<bool>,
+    /// The first `#[ckpt::keep]`, for errors about the layout.
+    pub first_keep: Option<syn::Attribute>,
 }
 
 /// A layer loop: a statement whose iterations are stages.
@@ -86,6 +91,8 @@ pub(crate) fn collect(block: &syn::Block, cx: &mut Ctxt) -> Body {
         markers: Vec::new(),
         loops: Vec::new(),
         tail_counts: true,
+        kept: Vec::new(),
+        first_keep: None,
     };
     for stmt in &block.stmts {
         match stmt {
@@ -104,11 +111,28 @@ pub(crate) fn collect(block: &syn::Block, cx: &mut Ctxt) -> Body {
                 body.markers.push((body.stmts.len(), mac.span()));
             }
             Stmt::Expr(Expr::Verbatim(ts), _) if ts.is_empty() => {}
-            _ => body.stmts.push(stmt.clone()),
+            _ => {
+                let mut stmt = stmt.clone();
+                let mark = keep_attr(&stmt);
+                let kept = parse::take_keep(&mut stmt, cx);
+                if kept && body.first_keep.is_none() {
+                    body.first_keep = mark;
+                }
+                body.stmts.push(stmt);
+                body.kept.push(kept);
+            }
         }
     }
     body.loops = vec![None; body.stmts.len()];
     body
+}
+
+/// A `let`'s `#[ckpt::keep]`.
+fn keep_attr(stmt: &Stmt) -> Option<syn::Attribute> {
+    match stmt {
+        Stmt::Local(local) => local.attrs.iter().find(|a| parse::is_keep_attr(a)).cloned(),
+        _ => None,
+    }
 }
 
 /// What the macro knows of module state, to tell layer calls apart: the names of the
@@ -267,7 +291,9 @@ fn split_expr(e: &Expr, stmt: usize, modules: &Modules<'_>) -> Option<(Vec<(Iden
 pub(crate) fn split_chains(body: &mut Body, modules: &Modules<'_>) {
     let n = body.stmts.len();
     let mut out = Vec::with_capacity(n);
+    let mut kept = Vec::with_capacity(n);
     for (i, stmt) in std::mem::take(&mut body.stmts).into_iter().enumerate() {
+        let before = out.len();
         match &stmt {
             Stmt::Local(local)
                 if local
@@ -300,12 +326,15 @@ pub(crate) fn split_chains(body: &mut Body, modules: &Modules<'_>) {
             },
             _ => out.push(stmt),
         }
+        kept.resize(out.len(), body.kept[i]);
+        debug_assert!(out.len() > before);
     }
     // Markers point at statement indices; chains are split only where markers are not
     // used, so there are none to move.
     debug_assert!(body.markers.is_empty());
     body.loops = vec![None; out.len()];
     body.stmts = out;
+    body.kept = kept;
 }
 
 /// `tokens` as a short source label, spaced as a person writes Rust, at most `max`

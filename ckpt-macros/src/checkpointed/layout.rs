@@ -12,6 +12,13 @@
 //!
 //! A *stage* is a statement (method chains split into their links, `body.rs`), or one
 //! iteration of a layer loop.
+//!
+//! A `let` marked `#[ckpt::keep]` runs once, inline, between the segments of a
+//! [`Layout::Static`] function: the groups are cut as without the marks, then each run of
+//! kept statements is taken out of its group (splitting the group around it) and becomes a
+//! group of its own that is not checkpointed. Its value, and what its backward needs, stay
+//! alive as in the plain function; it is not recomputed. The other layouts reject the mark
+//! (the whole function is one segment; a run-time chain is cut by the planner).
 
 use std::ops::Range;
 
@@ -43,15 +50,65 @@ pub(crate) struct Cut {
     /// The groups: one over everything ([`Layout::Whole`]), the fixed groups
     /// ([`Layout::Static`]), or one per statement ([`Layout::Runtime`]).
     pub ranges: Vec<Range<usize>>,
+    /// One entry per group: kept statements (`#[ckpt::keep]`), run inline.
+    pub kept: Vec<bool>,
 }
 
 impl Cut {
-    /// Whether group `g` runs as a checkpointed segment (or, at run time, may).
+    /// Whether group `g` runs as a checkpointed segment (or, at run time, may): not the
+    /// last group, which runs inline, nor a group of kept statements.
     pub(crate) fn checkpointed(&self, g: usize) -> bool {
         match self.layout {
             Layout::Whole => true,
-            Layout::Static | Layout::Runtime(_) => g + 1 < self.ranges.len(),
+            Layout::Static | Layout::Runtime(_) => {
+                g + 1 < self.ranges.len() && !self.kept.get(g).copied().unwrap_or(false)
+            }
         }
+    }
+
+    fn new(layout: Layout, ranges: Vec<Range<usize>>) -> Cut {
+        let kept = vec![false; ranges.len()];
+        Cut {
+            layout,
+            ranges,
+            kept,
+        }
+    }
+
+    /// Takes the kept statements out of their groups ([`Layout::Static`]; see the module
+    /// docs). `None` (error in `cx`) when nothing would be checkpointed any more.
+    fn with_kept(self, body: &Body, cx: &mut Ctxt) -> Option<Cut> {
+        let kept = &body.kept;
+        if !kept.contains(&true) {
+            return Some(self);
+        }
+        let mut ranges = Vec::new();
+        let mut flags = Vec::new();
+        for range in &self.ranges {
+            let mut start = range.start;
+            for i in range.clone() {
+                if i > start && kept[i] != kept[i - 1] {
+                    ranges.push(start..i);
+                    flags.push(kept[i - 1]);
+                    start = i;
+                }
+            }
+            ranges.push(start..range.end);
+            flags.push(kept[range.end - 1]);
+        }
+        let cut = Cut {
+            layout: self.layout,
+            ranges,
+            kept: flags,
+        };
+        if !(0..cut.ranges.len()).any(|g| cut.checkpointed(g)) {
+            cx.error_spanned_by(
+                &body.first_keep,
+                "with the statements marked `#[ckpt::keep]` taken out, no segment is left to checkpoint (the last group runs inline anyway); keep fewer statements, or cut elsewhere",
+            );
+            return None;
+        }
+        Some(cut)
     }
 }
 
@@ -81,8 +138,24 @@ pub(crate) fn resolve(
             );
             return None;
         }
-        (CutArg::Unspecified, None) => return whole(body, args, cx),
-        (CutArg::Unspecified, Some(_)) => return markers(body, cx),
+        (CutArg::Unspecified, None) => {
+            if let Some(keep) = &body.first_keep {
+                cx.error_spanned_by(
+                    keep,
+                    "`#[ckpt::keep]` needs the function cut into segments, for the kept statement to run between them: add `ckpt::cut!()` markers or `segments = N` (without them the whole function is one segment)",
+                );
+                return None;
+            }
+            return whole(body, args, cx);
+        }
+        (CutArg::Unspecified, Some(_)) => return markers(body, cx)?.with_kept(body, cx),
+        (CutArg::Given(Schedule::Auto(_), _), None) if body.first_keep.is_some() => {
+            cx.error_spanned_by(
+                &body.first_keep,
+                "`#[ckpt::keep]` cannot be combined with `segments = auto` or `budget`, which choose the cuts at run time; cut with `segments = N` or `ckpt::cut!()` markers to keep statements, or let the policy keep what is cheap to store (`policy = selective`)",
+            );
+            return None;
+        }
         (CutArg::Given(schedule, span), None) => (schedule, span),
     };
     body::split_chains(body, modules);
@@ -114,12 +187,17 @@ pub(crate) fn resolve(
                 );
                 return None;
             }
-            Some(Cut {
-                layout: Layout::Static,
-                ranges: ckpt_budget::sequential_ranges(n, segments),
-            })
+            Cut::new(Layout::Static, ckpt_budget::sequential_ranges(n, segments))
+                .with_kept(body, cx)
         }
         _ => {
+            if let Some(keep) = &body.first_keep {
+                cx.error_spanned_by(
+                    keep,
+                    "`#[ckpt::keep]` in a function with a layer loop, whose stages are cut at run time: take the kept statement out of the function, or cut the function with `ckpt::cut!()` markers (a layer loop then stays whole in its segment)",
+                );
+                return None;
+            }
             if n < 2 {
                 cx.error_at(
                     span,
@@ -129,10 +207,10 @@ pub(crate) fn resolve(
                 );
                 return None;
             }
-            Some(Cut {
-                layout: Layout::Runtime(schedule),
-                ranges: (0..n).map(|i| i..i + 1).collect(),
-            })
+            Some(Cut::new(
+                Layout::Runtime(schedule),
+                (0..n).map(|i| i..i + 1).collect(),
+            ))
         }
     }
 }
@@ -145,10 +223,10 @@ fn whole(body: &Body, args: &Args, cx: &mut Ctxt) -> Option<Cut> {
         );
         return None;
     }
-    Some(Cut {
-        layout: Layout::Whole,
-        ranges: std::iter::once(0..body.stmts.len()).collect(),
-    })
+    Some(Cut::new(
+        Layout::Whole,
+        std::iter::once(0..body.stmts.len()).collect(),
+    ))
 }
 
 fn markers(body: &Body, cx: &mut Ctxt) -> Option<Cut> {
@@ -175,8 +253,5 @@ fn markers(body: &Body, cx: &mut Ctxt) -> Option<Cut> {
         return None;
     }
     let cuts: Vec<usize> = body.markers.iter().map(|(at, _)| *at).collect();
-    Some(Cut {
-        layout: Layout::Static,
-        ranges: ckpt_budget::cut_ranges(&cuts, n),
-    })
+    Some(Cut::new(Layout::Static, ckpt_budget::cut_ranges(&cuts, n)))
 }

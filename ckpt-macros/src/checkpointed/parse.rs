@@ -308,6 +308,64 @@ pub(crate) fn is_allow_attr(attr: &Attribute) -> bool {
     is_ckpt_path(attr.path(), "allow")
 }
 
+/// Whether `attr` is `#[ckpt::keep]`.
+pub(crate) fn is_keep_attr(attr: &Attribute) -> bool {
+    is_ckpt_path(attr.path(), "keep")
+}
+
+/// Takes the `#[ckpt::keep]` marks out of a top-level statement: whether it had one (on a
+/// `let`; anywhere else, or with arguments, it is an error naming the fix). Marks nested
+/// deeper in the statement are errors too: a kept statement is a top-level `let` of the
+/// body.
+pub(crate) fn take_keep(stmt: &mut Stmt, cx: &mut Ctxt) -> bool {
+    struct Nested<'a> {
+        cx: &'a mut Ctxt,
+    }
+    impl VisitMut for Nested<'_> {
+        fn visit_local_mut(&mut self, l: &mut syn::Local) {
+            self.check(&mut l.attrs);
+            syn::visit_mut::visit_local_mut(self, l);
+        }
+        fn visit_stmt_macro_mut(&mut self, m: &mut syn::StmtMacro) {
+            self.check(&mut m.attrs);
+            syn::visit_mut::visit_stmt_macro_mut(self, m);
+        }
+        fn visit_expr_mut(&mut self, e: &mut Expr) {
+            if let Some(attrs) = expr_attrs_mut(e) {
+                self.check(attrs);
+            }
+            syn::visit_mut::visit_expr_mut(self, e);
+        }
+        fn visit_item_mut(&mut self, _: &mut syn::Item) {}
+    }
+    impl Nested<'_> {
+        fn check(&mut self, attrs: &mut Vec<Attribute>) {
+            for attr in attrs.iter().filter(|a| is_keep_attr(a)) {
+                self.cx.error_spanned_by(
+                    attr,
+                    "`#[ckpt::keep]` marks a top-level `let` of the function body, whose statement then runs once, between the checkpointed segments; move it to such a `let`, or remove it",
+                );
+            }
+            attrs.retain(|a| !is_keep_attr(a));
+        }
+    }
+    let mut kept = false;
+    if let Stmt::Local(local) = stmt {
+        for attr in local.attrs.iter().filter(|a| is_keep_attr(a)) {
+            if !matches!(attr.meta, syn::Meta::Path(_)) {
+                cx.error_spanned_by(
+                    attr,
+                    "`#[ckpt::keep]` takes no arguments: write `#[ckpt::keep] let x = ..;`",
+                );
+            }
+            kept = true;
+        }
+        local.attrs.retain(|a| !is_keep_attr(a));
+    }
+    Nested { cx }.visit_stmt_mut(stmt);
+    kept
+}
+
 /// The rules a statement's `#[ckpt::allow(..)]` attributes name; unknown names are errors
 /// listing the valid ones.
 pub(crate) fn allowed_rules(attrs: &[&Attribute], cx: &mut Ctxt) -> Vec<Rule> {
@@ -433,22 +491,26 @@ pub(crate) fn stmt_attrs(stmt: &Stmt) -> Vec<&Attribute> {
     }
 }
 
-/// Removes every `#[ckpt::allow(..)]` from a statement, at any depth: they are markers
-/// for this macro, and rustc would reject them as custom attributes on statements.
-pub(crate) fn strip_allow_attrs(stmt: &mut Stmt) {
+/// Removes every `#[ckpt::allow(..)]` and `#[ckpt::keep]` from a statement, at any depth:
+/// they are markers for this macro, and rustc would reject them as custom attributes on
+/// statements.
+pub(crate) fn strip_marker_attrs(stmt: &mut Stmt) {
+    fn is_marker(a: &Attribute) -> bool {
+        is_allow_attr(a) || is_keep_attr(a)
+    }
     struct Strip;
     impl VisitMut for Strip {
         fn visit_local_mut(&mut self, l: &mut syn::Local) {
-            l.attrs.retain(|a| !is_allow_attr(a));
+            l.attrs.retain(|a| !is_marker(a));
             syn::visit_mut::visit_local_mut(self, l);
         }
         fn visit_stmt_macro_mut(&mut self, m: &mut syn::StmtMacro) {
-            m.attrs.retain(|a| !is_allow_attr(a));
+            m.attrs.retain(|a| !is_marker(a));
             syn::visit_mut::visit_stmt_macro_mut(self, m);
         }
         fn visit_expr_mut(&mut self, e: &mut Expr) {
             if let Some(attrs) = expr_attrs_mut(e) {
-                attrs.retain(|a| !is_allow_attr(a));
+                attrs.retain(|a| !is_marker(a));
             }
             syn::visit_mut::visit_expr_mut(self, e);
         }

@@ -311,6 +311,61 @@ fn on_error_the_original_function_is_emitted_without_markers() {
     assert!(out.contains("compile_error"), "{out}");
 }
 
+/// `#[ckpt::keep]`: the kept statement splits its group and runs inline between two
+/// segments; the mark is gone from the output.
+#[test]
+fn snapshot_kept_statement_between_segments() {
+    insta::assert_snapshot!(pretty(
+        quote!(segments = 2),
+        quote! {
+            fn forward(&self, xs: &Tensor) -> Tensor {
+                let h = self.ln.forward(xs);
+                #[ckpt::keep]
+                let qkv = self.qkv.forward(&h);
+                let a = attention(&qkv);
+                let y = xs + self.out.forward(&a);
+                let f = self.ff.forward(&y).relu();
+                y + f
+            }
+        },
+        true
+    ));
+}
+
+/// A kept statement runs once, whatever the side-effect rules say of recomputed code, and
+/// on an error the marks are gone from the emitted original function.
+#[test]
+fn kept_statements_skip_the_side_effect_rules_and_marks_never_reach_rustc() {
+    let ok = expand(
+        quote!(segments = 2),
+        quote! {
+            fn f(xs: &Tensor) -> Tensor {
+                let a = xs.relu();
+                #[ckpt::keep]
+                let b = { println!("once"); a.tanh() };
+                let c = b.sigmoid();
+                c.exp()
+            }
+        },
+    )
+    .to_string();
+    assert!(!ok.contains("compile_error"), "{ok}");
+    assert!(!ok.contains("ckpt :: keep"), "{ok}");
+    let err = expand(
+        quote!(),
+        quote! {
+            fn f(xs: &Tensor) -> Tensor {
+                #[ckpt::keep]
+                let a = xs.relu();
+                a.tanh()
+            }
+        },
+    )
+    .to_string();
+    assert!(err.contains("compile_error"), "{err}");
+    assert!(!err.contains("ckpt :: keep"), "{err}");
+}
+
 #[test]
 fn escape_hatches_lift_exactly_their_rule() {
     let item = quote! {

@@ -109,6 +109,7 @@ pub(super) fn stash(
             captures: Vec::new(),
             fallible: walk.fallible,
             carried: mutated.clone(),
+            checkpointed: cut.checkpointed(g),
         };
         if cut.checkpointed(g) {
             for (name, span) in &walk.uses {

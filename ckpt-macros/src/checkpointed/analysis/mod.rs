@@ -86,6 +86,9 @@ pub(crate) struct Group {
     /// Bindings from before the group that it changes (taken in and given back); a layer
     /// loop's carried values, which its later iterations use.
     pub carried: Vec<Binding>,
+    /// Whether the group runs as a checkpointed segment ([`Cut::checkpointed`]); the last
+    /// group and groups of `#[ckpt::keep]` statements run inline.
+    pub checkpointed: bool,
 }
 
 /// The result of the analysis.
@@ -183,6 +186,7 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
         let label = match cut.layout {
             Layout::Runtime(_) => format!("statement {} of {count}", g + 1),
             Layout::Whole => "segment (the whole function)".to_owned(),
+            Layout::Static if !checkpointed => format!("group {} of {count} (inline)", g + 1),
             Layout::Static => format!("segment {} of {count}", g + 1),
         };
         let mut walker = Walker::new(cx, checkpointed, label, &fn_name);

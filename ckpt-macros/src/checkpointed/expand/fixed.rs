@@ -15,7 +15,8 @@ use crate::checkpointed::parse::Function;
 use crate::shared::mixed;
 
 /// Groups fixed at compile time: each checkpointed group is a closure run through
-/// `::ckpt::__private::segment`; the last group stays inline.
+/// `::ckpt::__private::segment`; the last group and groups of `#[ckpt::keep]` statements
+/// stay inline, in order between them.
 pub(super) fn expand_static(
     func: &Function,
     args: &Args,
@@ -23,35 +24,35 @@ pub(super) fn expand_static(
     warn: &TokenStream,
 ) -> TokenStream {
     let head = head(func);
-    let count = plan.groups.len();
     let items = plan.items.iter().map(|s| emit_stmt(s, false));
 
     let options = mixed("__ckpt_options");
     let shared_self = mixed("__ckpt_shared_self");
-    let prelude = prelude(
-        args,
-        plan,
-        &plan.groups[..count - 1],
-        &options,
-        &shared_self,
-    );
+    let checkpointed: Vec<SegmentGroup> = plan
+        .groups
+        .iter()
+        .filter(|g| g.checkpointed)
+        .cloned()
+        .collect();
+    let prelude = prelude(args, plan, &checkpointed, &options, &shared_self);
 
-    let segments = plan.groups[..count - 1]
-        .iter()
-        .enumerate()
-        .map(|(g, group)| segment(func, plan, g, group, &options, &shared_self));
-    let last = &plan.groups[count - 1];
-    let inline = plan.stmts[last.stmts.clone()]
-        .iter()
-        .map(|s| emit_stmt(s, false));
+    let groups = plan.groups.iter().enumerate().map(|(g, group)| {
+        if group.checkpointed {
+            segment(func, plan, g, group, &options, &shared_self)
+        } else {
+            let inline = plan.stmts[group.stmts.clone()]
+                .iter()
+                .map(|s| emit_stmt(s, false));
+            quote!(#(#inline)*)
+        }
+    });
 
     quote! {
         #head {
             #warn
             #(#items)*
             #prelude
-            #(#segments)*
-            #(#inline)*
+            #(#groups)*
         }
     }
 }

@@ -59,7 +59,7 @@ pub(crate) fn original(func: &Function) -> TokenStream {
     } = func;
     let mut block = (**block).clone();
     for stmt in &mut block.stmts {
-        parse::strip_allow_attrs(stmt);
+        parse::strip_marker_attrs(stmt);
     }
     quote!(#(#attrs)* #vis #sig #block)
 }
@@ -68,7 +68,7 @@ pub(crate) fn original(func: &Function) -> TokenStream {
 /// checkpointed segments.
 fn emit_stmt(stmt: &Stmt, rewrite_self: bool) -> Stmt {
     let mut stmt = stmt.clone();
-    parse::strip_allow_attrs(&mut stmt);
+    parse::strip_marker_attrs(&mut stmt);
     if rewrite_self {
         RewriteSelf.visit_stmt_mut(&mut stmt);
     }
