@@ -237,7 +237,7 @@ pub mod __private {
     }
 }
 
-use crate::CkptError;
+use crate::{CkptError, Policy};
 
 /// What one stage of a chain costs, as measured by [`profile_sequential`] (see the
 /// [module docs](self) for how each figure enters the predicted peak).
@@ -253,8 +253,26 @@ pub struct StageCost {
     /// Peak bytes of the stage's backward above `kept_bytes` and its incoming gradient
     /// (the output's size): the gradients and temporaries it makes.
     pub backward_extra_bytes: u64,
-    /// Seconds of the forward with grad, which is what a recompute costs.
+    /// Seconds of the forward with grad, which is what a full recompute costs.
     pub forward_seconds: f64,
+    /// What the stage keeps and costs to recompute in a segment checkpointed with
+    /// [`Policy::selective`]`().save_linear(false)` (dropout masks kept); `None` when not
+    /// profiled, which the planner takes as "keeps nothing, saves nothing".
+    pub masks: Option<KeepCost>,
+    /// The same for [`Policy::selective`] (linear outputs and dropout masks kept).
+    pub selective: Option<KeepCost>,
+}
+
+/// What a stage keeps, and what its recompute costs, in a segment checkpointed with a
+/// selective [`Policy`] (see [`StageCost::masks`], [`StageCost::selective`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct KeepCost {
+    /// Bytes the policy keeps from the segment's forward until its recompute is done
+    /// (linear outputs, dropout masks at 1 byte an element and a generator state each).
+    pub kept_bytes: u64,
+    /// Seconds of the stage's recompute under the policy: its forward with grad with the
+    /// kept results replayed instead of computed.
+    pub recompute_seconds: f64,
 }
 
 impl StageCost {
@@ -267,9 +285,36 @@ impl StageCost {
             forward_extra_bytes: 0,
             backward_extra_bytes: 0,
             forward_seconds,
+            masks: None,
+            selective: None,
+        }
+    }
+
+    /// What the stage keeps (bytes) and what recomputing it costs (seconds) in a segment
+    /// checkpointed with `policy`: `(0, forward_seconds)` for [`Policy::RECOMPUTE_ALL`] and
+    /// for a policy the profile has no figure for; `None` for a policy the planner does
+    /// not model (linear outputs without dropout masks).
+    pub fn keep(&self, policy: Policy) -> Option<(u64, f64)> {
+        let full = (0, self.forward_seconds);
+        let figure = |k: Option<KeepCost>| k.map_or(full, |k| (k.kept_bytes, k.recompute_seconds));
+        if policy == Policy::RECOMPUTE_ALL {
+            Some(full)
+        } else if policy == MASKS {
+            Some(figure(self.masks))
+        } else if policy == Policy::selective() {
+            Some(figure(self.selective))
+        } else {
+            None
         }
     }
 }
+
+/// The masks-only policy: dropout masks kept, linear outputs recomputed.
+pub(crate) const MASKS: Policy = Policy::selective().save_linear(false);
+
+/// The policies the planner chooses from for each checkpointed segment, in order of
+/// preference on ties: full recompute, dropout masks kept, selective.
+pub const PLANNED_POLICIES: [Policy; 3] = [Policy::RECOMPUTE_ALL, MASKS, Policy::selective()];
 
 /// The cost profile of a chain: one [`StageCost`] per stage plus two chain-wide figures.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -340,14 +385,47 @@ impl ChainCost {
     /// `1..len`, or when a figure of the profile is unusable (a negative, infinite or
     /// NaN time; byte figures summing past 2^62).
     pub fn evaluate(&self, cuts: &[usize]) -> Result<Plan, CkptError> {
+        self.evaluate_with_policies(cuts, &vec![Policy::RECOMPUTE_ALL; cuts.len()])
+    }
+
+    /// [`ChainCost::evaluate`] with a policy for each checkpointed segment
+    /// (`policies[j]` for the segment that ends at `cuts[j]`): what a selective policy
+    /// keeps ([`StageCost::keep`]) is held from the segment's forward until its
+    /// recompute is done, and its recompute costs the stages' recompute seconds under
+    /// the policy.
+    ///
+    /// # Errors
+    ///
+    /// As [`ChainCost::evaluate`]; [`CkptError::InvalidArgument`] when `policies` is not
+    /// one per cut, or holds a policy the planner does not model (one of
+    /// [`PLANNED_POLICIES`] is needed).
+    pub fn evaluate_with_policies(
+        &self,
+        cuts: &[usize],
+        policies: &[Policy],
+    ) -> Result<Plan, CkptError> {
         self.check()?;
         schedule::check_cuts(cuts, self.len())?;
-        let (peak, phase) = dp::evaluate(self, cuts);
-        Ok(self.make_plan(cuts.to_vec(), peak, phase, None))
+        if policies.len() != cuts.len() {
+            return Err(CkptError::InvalidArgument(format!(
+                "{} policies for {} checkpointed segments: give one per cut",
+                policies.len(),
+                cuts.len()
+            )));
+        }
+        if let Some(p) = policies.iter().find(|p| !PLANNED_POLICIES.contains(p)) {
+            return Err(CkptError::InvalidArgument(format!(
+                "policy {p:?} is not one the planner models (full recompute, dropout masks kept, or selective)"
+            )));
+        }
+        Ok(self.make_plan(cuts.to_vec(), policies.to_vec(), None))
     }
 
     /// Chooses the cuts for `objective` by dynamic programming (see the
-    /// [module docs](self) for the model, the programs and their optimality).
+    /// [module docs](self) for the model, the programs and their optimality), and for
+    /// each checkpointed segment the policy of [`PLANNED_POLICIES`] when the profile has
+    /// figures for them ([`StageCost::masks`], [`StageCost::selective`]; full recompute
+    /// otherwise).
     ///
     /// # Errors
     ///
@@ -355,15 +433,35 @@ impl ChainCost {
     /// feasible peak); [`CkptError::InvalidArgument`] for a budget fraction that is not
     /// positive and finite, or a profile that [`ChainCost::evaluate`] rejects.
     pub fn plan(&self, objective: &Objective) -> Result<Plan, CkptError> {
+        self.plan_policies(objective, true)
+    }
+
+    /// [`ChainCost::plan`] with or without the choice of policy: with
+    /// `choose_policy = false` every checkpointed segment recomputes everything (what
+    /// the planner does when the user fixed a policy).
+    ///
+    /// # Errors
+    ///
+    /// As [`ChainCost::plan`].
+    pub fn plan_policies(
+        &self,
+        objective: &Objective,
+        choose_policy: bool,
+    ) -> Result<Plan, CkptError> {
         self.check()?;
-        let plain = dp::evaluate(self, &[]).0;
+        let plain = dp::evaluate(self, &[], &[]).0;
         let budget = match objective {
             Objective::MinPeak => None,
             Objective::Budget(b) => Some(b.bytes(plain)?),
         };
-        let cuts = dp::plan(self, budget)?;
-        let (peak, phase) = dp::evaluate(self, &cuts);
-        Ok(self.make_plan(cuts, peak, phase, budget))
+        let (cuts, policies) = if choose_policy && dp::has_policies(self) {
+            dp::plan_with_policies(self, budget)?
+        } else {
+            let cuts = dp::plan(self, budget)?;
+            let policies = vec![Policy::RECOMPUTE_ALL; cuts.len()];
+            (cuts, policies)
+        };
+        Ok(self.make_plan(cuts, policies, budget))
     }
 
     /// [`ChainCost::plan`] for [`Objective::MinPeak`].
@@ -393,6 +491,17 @@ impl ChainCost {
                     s.forward_seconds
                 )));
             }
+            for (what, k) in [("masks", s.masks), ("selective", s.selective)] {
+                if let Some(k) = k {
+                    if !(k.recompute_seconds.is_finite() && k.recompute_seconds >= 0.0) {
+                        return Err(CkptError::InvalidArgument(format!(
+                            "stage {i}: {what}.recompute_seconds = {} (must be finite and not negative)",
+                            k.recompute_seconds
+                        )));
+                    }
+                    total += u128::from(k.kept_bytes);
+                }
+            }
             total += u128::from(s.input_bytes)
                 + u128::from(s.kept_bytes)
                 + u128::from(s.forward_extra_bytes)
@@ -420,16 +529,17 @@ impl ChainCost {
         out
     }
 
-    fn make_plan(&self, cuts: Vec<usize>, peak: u64, phase: Phase, budget: Option<u64>) -> Plan {
-        let plain_start = cuts.last().copied().unwrap_or(0);
+    fn make_plan(&self, cuts: Vec<usize>, policies: Vec<Policy>, budget: Option<u64>) -> Plan {
+        let (peak, phase, extra) = dp::evaluate(self, &cuts, &policies);
         Plan {
             len: self.len(),
-            predicted_extra_seconds: self.time_prefix()[plain_start],
-            recomputed_stages: plain_start,
+            predicted_extra_seconds: extra,
+            recomputed_stages: cuts.last().copied().unwrap_or(0),
             cuts,
+            policies,
             predicted_peak_bytes: peak,
             peak_phase: phase,
-            plain_peak_bytes: dp::evaluate(self, &[]).0,
+            plain_peak_bytes: dp::evaluate(self, &[], &[]).0,
             budget_bytes: budget,
             measured_peak_bytes: None,
             stage_costs: self.stages.clone(),
@@ -459,6 +569,8 @@ pub enum Phase {
 pub struct Plan {
     len: usize,
     cuts: Vec<usize>,
+    /// The policy of each checkpointed segment.
+    policies: Vec<Policy>,
     predicted_peak_bytes: u64,
     predicted_extra_seconds: f64,
     recomputed_stages: usize,
@@ -486,6 +598,22 @@ impl Plan {
     /// The stage indices where a new segment starts (strictly increasing, in `1..len`).
     pub fn cuts(&self) -> &[usize] {
         &self.cuts
+    }
+
+    /// The policy of each checkpointed segment (`policies()[j]` for segment `j`, one per
+    /// cut): [`Policy::RECOMPUTE_ALL`] unless the planner chose to keep dropout masks or
+    /// linear outputs (see [`ChainCost::plan`]).
+    pub fn policies(&self) -> &[Policy] {
+        &self.policies
+    }
+
+    /// The policy segment `segment` runs with: its planned one, or
+    /// [`Policy::RECOMPUTE_ALL`] for the last, plain segment (which keeps everything).
+    pub fn policy_of(&self, segment: usize) -> Policy {
+        self.policies
+            .get(segment)
+            .copied()
+            .unwrap_or(Policy::RECOMPUTE_ALL)
     }
 
     /// Number of segments (`cuts().len() + 1`); all but the last are checkpointed.

@@ -264,6 +264,8 @@ where
             forward_extra_bytes: fig.forward_extra_bytes,
             backward_extra_bytes: fig.backward_extra_bytes,
             forward_seconds: fig.forward_seconds,
+            masks: None,
+            selective: None,
         });
         x = y.detach();
     }
