@@ -2,7 +2,7 @@
 //! choose the cuts and, per checkpointed segment, the policy (see the [parent module](super)
 //! for the model and the proofs).
 
-use super::{ChainCost, PLANNED_POLICIES, Phase};
+use super::{ChainCost, Phase};
 use crate::{CkptError, Policy};
 
 /// The predicted peak of `cuts` with `policies` (one per checkpointed segment), the phase
@@ -285,13 +285,14 @@ impl Label {
     }
 }
 
-/// The planner with a choice of policy per checkpointed segment ([`PLANNED_POLICIES`]):
-/// the cuts and policies for the least extra time within `budget` bytes, or (`None`) for
-/// the least peak; ties broken by the other objective, then by the order of
-/// [`PLANNED_POLICIES`]. The profile must be checked.
+/// The planner with a choice of policy per checkpointed segment among `allowed` (some of
+/// [`PLANNED_POLICIES`], at least one): the cuts and policies for the least extra time
+/// within `budget` bytes, or (`None`) for the least peak; ties broken by the other
+/// objective, then by the order of `allowed`. The profile must be checked.
 pub(super) fn plan_with_policies(
     costs: &ChainCost,
     budget: Option<u64>,
+    allowed: &[Policy],
 ) -> Result<(Vec<usize>, Vec<Policy>), CkptError> {
     let len = costs.len();
     if len == 0 {
@@ -306,9 +307,9 @@ pub(super) fn plan_with_policies(
     for a in (0..len).rev() {
         let mut best = t.stash_plain(a) + t.w[a];
         let stash = t.stash_ckpt(a);
-        let mut kept = [0u64; PLANNED_POLICIES.len()];
+        let mut kept = vec![0u64; allowed.len()];
         t.for_each_segment(a, |b, seg| {
-            for (q, &p) in PLANNED_POLICIES.iter().enumerate() {
+            for (q, &p) in allowed.iter().enumerate() {
                 kept[q] += keep(b - 1, p).0;
                 if g[b] != INF {
                     best = best.min(stash + kept[q] + seg.max(g[b]));
@@ -369,11 +370,11 @@ pub(super) fn plan_with_policies(
             if base > budget {
                 continue;
             }
-            let mut kept = [0u64; PLANNED_POLICIES.len()];
-            let mut seconds = [label.seconds; PLANNED_POLICIES.len()];
+            let mut kept = vec![0u64; allowed.len()];
+            let mut seconds = vec![label.seconds; allowed.len()];
             let mut made = Vec::new();
             t.for_each_segment(a, |b, seg| {
-                for (q, &p) in PLANNED_POLICIES.iter().enumerate() {
+                for (q, &p) in allowed.iter().enumerate() {
                     let (k, s) = keep(b - 1, p);
                     kept[q] += k;
                     seconds[q] += s;
@@ -420,7 +421,7 @@ pub(super) fn plan_with_policies(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Budget, ChainCost, KeepCost, Objective, StageCost};
+    use super::super::{Budget, ChainCost, KeepCost, Objective, PLANNED_POLICIES, StageCost};
     use super::*;
     use proptest::prelude::*;
 
@@ -652,7 +653,9 @@ mod tests {
                 recompute_seconds: 0.5,
             });
         }
-        let fixed = costs.plan_policies(&Objective::MinPeak, false).unwrap();
+        let fixed = costs
+            .plan_with(&Objective::MinPeak, &[Policy::RECOMPUTE_ALL])
+            .unwrap();
         assert_eq!(fixed.cuts(), plain.cuts());
         assert!(fixed.policies().iter().all(|&p| p == Policy::RECOMPUTE_ALL));
         // A loose budget: keeping masks in the checkpointed segments costs bytes but
@@ -660,8 +663,20 @@ mod tests {
         let plan = costs.plan_within(Budget::Bytes(30)).unwrap();
         assert!(plan.policies().contains(&super::super::MASKS), "{plan:?}");
         let full = costs
-            .plan_policies(&Objective::Budget(Budget::Bytes(30)), false)
+            .plan_with(
+                &Objective::Budget(Budget::Bytes(30)),
+                &[Policy::RECOMPUTE_ALL],
+            )
             .unwrap();
+        // Only masks allowed: every checkpointed segment keeps them.
+        let masks = costs
+            .plan_with(
+                &Objective::Budget(Budget::Bytes(30)),
+                &[super::super::MASKS],
+            )
+            .unwrap();
+        assert!(masks.policies().iter().all(|&p| p == super::super::MASKS));
+        assert!(costs.plan_with(&Objective::MinPeak, &[]).is_err());
         assert!(plan.predicted_extra_seconds() < full.predicted_extra_seconds());
         assert!(plan.predicted_peak_bytes() <= 30);
         // A policy the planner does not model is an error in evaluate.
@@ -817,11 +832,11 @@ mod tests {
             .collect();
         assert_eq!(rows.len(), 9, "{text}");
         assert!(
-            rows[1].contains("block 0") && rows[1].contains("1 (recomputed)"),
+            rows[1].contains("block 0") && rows[1].contains("1 (recomputed, full)"),
             "{text}"
         );
         assert!(
-            rows[4].contains("block 3") && rows[4].contains("1 (recomputed)"),
+            rows[4].contains("block 3") && rows[4].contains("1 (recomputed, full)"),
             "{text}"
         );
         assert!(

@@ -167,6 +167,38 @@
 //! chain is planned in about 3 ms in a release build (the `plan_1000_stages` benchmark
 //! test).
 //!
+//! # A policy per checkpointed segment (selective checkpointing)
+//!
+//! A checkpointed segment may also keep part of its forward's results so that its
+//! recompute replays them instead of computing them ([`Policy`](crate::Policy)); the
+//! planner chooses, per segment, among [`PLANNED_POLICIES`]: full recompute, dropout
+//! masks kept (`masks`), and `selective` (masks and `Linear` outputs kept). The profile
+//! gives per stage `i` and policy `P` the bytes `κ_i(P)` the policy keeps and the seconds
+//! `r_i(P)` of the stage's recompute when it replays them ([`StageCost::keep`]; full
+//! recompute keeps nothing and costs `forward_seconds`). In the cost model the kept bytes
+//! of a checkpointed segment `a..b` are held from its forward until its recompute and
+//! backward are done, exactly as its stash is: `σ_j = in_{c_j} + o + κ(a, b, P_j)` with
+//! `κ(a, b, P) = κ_a(P) + … + κ_{b-1}(P)`, in every phase from its forward on (in its own
+//! recompute too: an upper bound, since a kept linear output is also the recomputed
+//! activation). The extra time is the sum of `r_i(P_j)` over the checkpointed segments'
+//! stages. Peak and phases are otherwise as above ([`ChainCost::evaluate_with_policies`]).
+//!
+//! The least peak is `G` with the first segment's choice extended to pairs `(b, P)`:
+//! `σ_ckpt(a) + κ(a, b, P) + max(in_b + U(a, b), G(b))`, optimal by the same argument.
+//! The least time within `B` is no longer a prefix time: stash sum and time now both
+//! depend on the policies, so the budget program keeps at each boundary the Pareto
+//! front of the partial plans' (stash sum, seconds, largest phase peak so far), each
+//! extended by every segment and policy whose phase fits in `B`. Whether and how a
+//! prefix can be completed depends on it only through its stash sum, time adds and
+//! peaks take maxima, so a partial plan that another at the same boundary is no better
+//! than in all three is never needed, and the fronts hold the fastest plan and, among
+//! the fastest, the least peak. Fronts are small in practice (a chain without policy
+//! figures, or with the policies fixed to full recompute, runs the programs above);
+//! the worst case is exponential in the chain's length. Both programs are checked
+//! against exhaustive search over every cut set and policy assignment by the property
+//! tests of `plan/dp.rs` (500 random chains each, up to 7 stages and 3^6 policy
+//! assignments per cut set).
+//!
 //! One level of checkpoints (each stage recomputed at most once) is what the dynamic
 //! program plans. Griewank and Walther's binomial checkpointing ("Algorithm 799:
 //! revolve", ACM TOMS 26(1), 2000) nests segments, recomputing stages several times to
@@ -433,33 +465,36 @@ impl ChainCost {
     /// feasible peak); [`CkptError::InvalidArgument`] for a budget fraction that is not
     /// positive and finite, or a profile that [`ChainCost::evaluate`] rejects.
     pub fn plan(&self, objective: &Objective) -> Result<Plan, CkptError> {
-        self.plan_policies(objective, true)
+        self.plan_with(objective, &PLANNED_POLICIES)
     }
 
-    /// [`ChainCost::plan`] with or without the choice of policy: with
-    /// `choose_policy = false` every checkpointed segment recomputes everything (what
-    /// the planner does when the user fixed a policy).
+    /// [`ChainCost::plan`] with each checkpointed segment's policy chosen among
+    /// `policies` only: `&[Policy::RECOMPUTE_ALL]` plans the cuts for full recompute,
+    /// `&[Policy::selective()]` for a model whose policy the user fixed to selective.
     ///
     /// # Errors
     ///
-    /// As [`ChainCost::plan`].
-    pub fn plan_policies(
-        &self,
-        objective: &Objective,
-        choose_policy: bool,
-    ) -> Result<Plan, CkptError> {
+    /// As [`ChainCost::plan`]; [`CkptError::InvalidArgument`] when `policies` is empty
+    /// or holds a policy that is not one of [`PLANNED_POLICIES`].
+    pub fn plan_with(&self, objective: &Objective, policies: &[Policy]) -> Result<Plan, CkptError> {
         self.check()?;
+        if policies.is_empty() || policies.iter().any(|p| !PLANNED_POLICIES.contains(p)) {
+            return Err(CkptError::InvalidArgument(format!(
+                "plan_with: policies {policies:?}: give at least one, each full recompute, dropout masks kept, or selective"
+            )));
+        }
         let plain = dp::evaluate(self, &[], &[]).0;
         let budget = match objective {
             Objective::MinPeak => None,
             Objective::Budget(b) => Some(b.bytes(plain)?),
         };
-        let (cuts, policies) = if choose_policy && dp::has_policies(self) {
-            dp::plan_with_policies(self, budget)?
-        } else {
+        let (cuts, policies) = if policies == [Policy::RECOMPUTE_ALL] || !dp::has_policies(self) {
+            // No figures: every policy costs what full recompute does; the first is taken.
             let cuts = dp::plan(self, budget)?;
-            let policies = vec![Policy::RECOMPUTE_ALL; cuts.len()];
+            let policies = vec![policies[0]; cuts.len()];
             (cuts, policies)
+        } else {
+            dp::plan_with_policies(self, budget, policies)?
         };
         Ok(self.make_plan(cuts, policies, budget))
     }
@@ -693,13 +728,31 @@ impl Plan {
         self.cuts.iter().take_while(|&&c| c <= stage).count()
     }
 
+    /// What checkpointed segment `segment` keeps (bytes) and what its recompute costs
+    /// (seconds) under `policy`, from the profile (`None` for a policy the planner does
+    /// not model, or a plan without its profile).
+    pub fn segment_keep(&self, segment: usize, policy: Policy) -> Option<(u64, f64)> {
+        let range = self.ranges().get(segment)?.clone();
+        let stages = self.stage_costs.get(range)?;
+        let mut out = (0u64, 0.0);
+        for s in stages {
+            let (k, t) = s.keep(policy)?;
+            out.0 += k;
+            out.1 += t;
+        }
+        Some(out)
+    }
+
     /// A human-readable account of the plan: segments, cuts, predicted peak (and the phase
     /// where it occurs), plain-run peak, budget, predicted extra time, measured peak
-    /// (`Display` prints these), then one line per stage: its name, the segment that holds
-    /// it (checkpointed, so recomputed in backward, or the plain last one), and its
-    /// profiled input bytes (what a segment starting there stashes), kept bytes (what it
-    /// keeps for backward, its output included) and forward time (what recomputing it
-    /// costs).
+    /// (`Display` prints these); then one line per checkpointed segment: its policy, and
+    /// why — what each policy the planner chooses from would keep and cost to recompute
+    /// there (bytes kept against time saved); then one line per stage: its name, the
+    /// segment that holds it (checkpointed, so recomputed in backward, or the plain last
+    /// one), its profiled input bytes (what a segment starting there stashes), kept bytes
+    /// (what it keeps for backward, its output included), forward time, and under its
+    /// segment's policy what is kept from forward (`policy kept`) and what its recompute
+    /// costs (`recompute`; `-` in the plain segment).
     pub fn explain(&self) -> String {
         use std::fmt::Write;
         let mut out = self.to_string();
@@ -707,6 +760,37 @@ impl Plan {
             return out;
         }
         let last = self.segments() - 1;
+        let ranges = self.ranges();
+        for (j, r) in ranges.iter().enumerate().take(last) {
+            let chosen = self.policy_of(j);
+            let _ = write!(
+                out,
+                "\n  segment {} (stages {}..{}): checkpointed, policy {}",
+                j + 1,
+                r.start,
+                r.end,
+                policy_name(chosen)
+            );
+            let full = self.segment_keep(j, Policy::RECOMPUTE_ALL);
+            let options: Vec<String> = PLANNED_POLICIES
+                .iter()
+                .filter_map(|&p| {
+                    let (k, t) = self.segment_keep(j, p)?;
+                    let saved = full.map_or(0.0, |f| f.1 - t);
+                    let mark = if p == chosen { "*" } else { " " };
+                    Some(format!(
+                        "{mark}{} keeps {}, recompute {} (saves {})",
+                        policy_name(p),
+                        human_bytes(k),
+                        human_seconds(t),
+                        human_seconds(saved.max(0.0))
+                    ))
+                })
+                .collect();
+            if !options.is_empty() {
+                let _ = write!(out, "\n    {}", options.join("; "));
+            }
+        }
         let width = self
             .stage_names
             .iter()
@@ -716,26 +800,50 @@ impl Plan {
             .clamp(5, 60);
         let _ = write!(
             out,
-            "\n  {:>5}  {:<width$}  {:<16}  {:>12}  {:>12}  {:>11}",
-            "stage", "name", "segment", "input", "kept", "forward"
+            "\n  {:>5}  {:<width$}  {:<26}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}",
+            "stage", "name", "segment", "input", "kept", "forward", "policy kept", "recompute"
         );
         for (i, cost) in self.stage_costs.iter().enumerate() {
             let name = self.stage_names.get(i).map_or("", String::as_str);
             let segment = self.segment_of(i);
-            let held = if segment == last {
-                format!("{} (plain)", segment + 1)
+            let (held, policy_kept, recompute) = if segment == last {
+                (
+                    format!("{} (plain)", segment + 1),
+                    "-".to_string(),
+                    "-".to_string(),
+                )
             } else {
-                format!("{} (recomputed)", segment + 1)
+                let p = self.policy_of(segment);
+                let (k, t) = cost.keep(p).unwrap_or((0, cost.forward_seconds));
+                (
+                    format!("{} (recomputed, {})", segment + 1, policy_name(p)),
+                    human_bytes(k),
+                    human_seconds(t),
+                )
             };
             let _ = write!(
                 out,
-                "\n  {i:>5}  {name:<width$}  {held:<16}  {:>12}  {:>12}  {:>11}",
+                "\n  {i:>5}  {name:<width$}  {held:<26}  {:>11}  {:>11}  {:>11}  {policy_kept:>11}  {recompute:>11}",
                 human_bytes(cost.input_bytes),
                 human_bytes(cost.kept_bytes),
                 human_seconds(cost.forward_seconds),
             );
         }
         out
+    }
+}
+
+/// The name of a policy in plans: `full`, `masks`, `selective` (the main program's
+/// `--policy` values), `linear` for linear outputs alone.
+pub fn policy_name(policy: Policy) -> &'static str {
+    if policy == Policy::RECOMPUTE_ALL {
+        "full"
+    } else if policy == MASKS {
+        "masks"
+    } else if policy == Policy::selective() {
+        "selective"
+    } else {
+        "linear"
     }
 }
 
@@ -783,6 +891,14 @@ impl fmt::Display for Plan {
             .map(|r| format!("{}..{}", r.start, r.end))
             .collect();
         writeln!(f, "  segments: {}", ranges.join(" | "))?;
+        if self.policies.iter().any(|&p| p != Policy::RECOMPUTE_ALL) {
+            let names: Vec<&str> = self.policies.iter().map(|&p| policy_name(p)).collect();
+            writeln!(
+                f,
+                "  policies of the checkpointed segments: {}",
+                names.join(" | ")
+            )?;
+        }
         let phase = match self.peak_phase {
             Phase::Plain => "forward and backward of the plain segment".to_string(),
             Phase::Recompute { segment } => {
