@@ -170,7 +170,7 @@
 //! # A policy per checkpointed segment (selective checkpointing)
 //!
 //! A checkpointed segment may also keep part of its forward's results so that its
-//! recompute replays them instead of computing them ([`Policy`](crate::Policy)); the
+//! recompute replays them instead of computing them ([`Policy`]); the
 //! planner chooses, per segment, among [`PLANNED_POLICIES`]: full recompute, dropout
 //! masks kept (`masks`), and `selective` (masks and `Linear` outputs kept). The profile
 //! gives per stage `i` and policy `P` the bytes `κ_i(P)` the policy keeps and the seconds
