@@ -331,4 +331,35 @@ uint32_t ckpt_policy_exchange(uint32_t flags) {
   return prev;
 }
 
+// Profiling (src/plan/profile.rs, `ffi::PolicyProbe`): a cache outside any segment, to
+// measure what a policy would keep from a stage and how long the stage's recompute takes
+// when it replays them. Null on allocation failure (nothing here throws otherwise).
+void* ckpt_policy_probe_new(uint32_t flags) {
+  try {
+    auto* c = new ckpt_policy::Cache();
+    c->flags = flags;
+    return c;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void ckpt_policy_probe_free(void* cache) { delete static_cast<ckpt_policy::Cache*>(cache); }
+
+// Enters a record (replay = false) or replay scope over the cache on this thread; scopes
+// must be left in the reverse order of entering (the Rust guard does).
+void* ckpt_policy_probe_enter(void* cache, bool replay) {
+  try {
+    return new ckpt_policy::Scope(static_cast<ckpt_policy::Cache*>(cache), replay);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void ckpt_policy_probe_leave(void* scope) { delete static_cast<ckpt_policy::Scope*>(scope); }
+
+int64_t ckpt_policy_probe_bytes(void* cache) {
+  return ckpt_policy::bytes(static_cast<const ckpt_policy::Cache*>(cache));
+}
+
 }  // extern "C"

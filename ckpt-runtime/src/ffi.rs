@@ -45,6 +45,11 @@ unsafe extern "C" {
         set_err: MsgFn,
     ) -> i32;
     fn ckpt_policy_exchange(flags: u32) -> u32;
+    fn ckpt_policy_probe_new(flags: u32) -> *mut c_void;
+    fn ckpt_policy_probe_free(cache: *mut c_void);
+    fn ckpt_policy_probe_enter(cache: *mut c_void, replay: bool) -> *mut c_void;
+    fn ckpt_policy_probe_leave(scope: *mut c_void);
+    fn ckpt_policy_probe_bytes(cache: *mut c_void) -> i64;
     fn ckpt_grad_enabled() -> i32;
     fn ckpt_live_segments() -> i64;
     fn ckpt_memory_enable();
@@ -324,6 +329,67 @@ impl Drop for PolicyGuard {
     fn drop(&mut self) {
         // SAFETY: as in `set`.
         unsafe { ckpt_policy_exchange(self.0) };
+    }
+}
+
+/// A selective-checkpointing cache outside any segment (`csrc/policy.cpp`), for the
+/// planner's profile: [`PolicyProbe::record`] runs a closure as a segment's forward would
+/// (linear outputs and dropout masks kept, as the policy bits say),
+/// [`PolicyProbe::replay`] as its recompute would (the kept results used instead of
+/// computed), and [`PolicyProbe::bytes`] is what it keeps.
+pub(crate) struct PolicyProbe(*mut c_void);
+
+/// Leaves a probe's scope when dropped (also on unwinding).
+struct ProbeScope(*mut c_void);
+
+impl Drop for ProbeScope {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` came from `ckpt_policy_probe_enter`, and scopes are left in
+        // reverse order (this guard lives within one call of `PolicyProbe::run`).
+        unsafe { ckpt_policy_probe_leave(self.0) };
+    }
+}
+
+impl PolicyProbe {
+    /// A probe for the policy `bits`; `None` if C++ failed to allocate it.
+    pub(crate) fn new(bits: u32) -> Option<PolicyProbe> {
+        // SAFETY: allocates a cache, or returns null.
+        let cache = unsafe { ckpt_policy_probe_new(bits) };
+        (!cache.is_null()).then_some(PolicyProbe(cache))
+    }
+
+    fn run<R>(&self, replay: bool, f: impl FnOnce() -> R) -> R {
+        // SAFETY: the cache is alive while `self` is; the scope is left by the guard.
+        let scope = unsafe { ckpt_policy_probe_enter(self.0, replay) };
+        if scope.is_null() {
+            return f();
+        }
+        let _scope = ProbeScope(scope);
+        f()
+    }
+
+    /// Runs `f` recording into the probe.
+    pub(crate) fn record<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.run(false, f)
+    }
+
+    /// Runs `f` replaying from the probe (in recording order).
+    pub(crate) fn replay<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.run(true, f)
+    }
+
+    /// Bytes of tensor data the probe holds.
+    pub(crate) fn bytes(&self) -> u64 {
+        // SAFETY: the cache is alive while `self` is.
+        u64::try_from(unsafe { ckpt_policy_probe_bytes(self.0) }).unwrap_or(0)
+    }
+}
+
+impl Drop for PolicyProbe {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` came from `ckpt_policy_probe_new` and is freed once; no scope
+        // over it is alive (they live within `run`).
+        unsafe { ckpt_policy_probe_free(self.0) };
     }
 }
 

@@ -5,7 +5,7 @@ use std::ops::Range;
 use tch::Tensor;
 use tch::nn::{Module, ModuleT};
 
-use crate::checkpoint::{self, CheckpointOptions};
+use crate::checkpoint::{self, CheckpointOptions, Policy};
 use crate::{CkptError, ShallowClone};
 
 /// How [`checkpoint_sequential`] cuts `len` modules into `segments` groups, as PyTorch's
@@ -82,7 +82,9 @@ where
     M: Module + ShallowClone + 'static,
 {
     let ranges = sequential_segments(modules.len(), segments)?;
-    run_chain(modules, &ranges, input, |m: &M, xs: &Tensor| m.forward(xs))
+    run_chain(modules, &ranges, &[], input, |m: &M, xs: &Tensor| {
+        m.forward(xs)
+    })
 }
 
 /// [`checkpoint_sequential`] for [`ModuleT`] modules, which take the train flag
@@ -118,7 +120,7 @@ where
     M: ModuleT + ShallowClone + 'static,
 {
     let ranges = sequential_segments(modules.len(), segments)?;
-    run_chain(modules, &ranges, input, move |m: &M, xs: &Tensor| {
+    run_chain(modules, &ranges, &[], input, move |m: &M, xs: &Tensor| {
         m.forward_t(xs, train)
     })
 }
@@ -126,10 +128,12 @@ where
 /// Runs `input` through `modules` grouped by `ranges` (contiguous, in order, covering
 /// `0..modules.len()`, at least one): every range but the last is a checkpointed
 /// segment, the last runs plainly. [`sequential_segments`] and the planner
-/// (`crate::plan`) make the ranges.
+/// (`crate::plan`) make the ranges; checkpointed segment `k` runs with `policies[k]`
+/// (full recompute where `policies` has no entry).
 pub(crate) fn run_chain<M, G>(
     modules: &[M],
     ranges: &[Range<usize>],
+    policies: &[Policy],
     input: &Tensor,
     step: G,
 ) -> Result<Tensor, CkptError>
@@ -145,7 +149,10 @@ where
             .map(ShallowClone::shallow_clone)
             .collect();
         // The group's tensors are inputs of its node (`CheckpointOptions::parameters_of`).
-        let options = CheckpointOptions::new().parameters_of(&group);
+        let policy = policies.get(k).copied().unwrap_or(Policy::RECOMPUTE_ALL);
+        let options = CheckpointOptions::new()
+            .parameters_of(&group)
+            .policy(policy);
         let name = format!(
             "checkpoint_sequential segment {} of {} (modules {}..{})",
             k + 1,

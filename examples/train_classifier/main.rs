@@ -190,6 +190,13 @@ struct Args {
     /// all taking turns with the plain run.
     #[arg(long, value_enum, default_values_t = [PolicyArg::Full])]
     policy: Vec<PolicyArg>,
+    /// Print the plan `--segments auto` makes for the first training batch, before
+    /// training: first with each checkpointed segment's policy chosen by the planner,
+    /// then for each --policy (a fixed policy, as the auto run uses it); per segment
+    /// the policy and what each policy would keep and save, per stage what is kept and
+    /// recomputed, bytes and seconds (`ckpt::plan::Plan::explain`).
+    #[arg(long)]
+    explain: bool,
     /// Train the runs one after the other instead of taking turns step by step
     /// (interleaving keeps the time comparison fair when other processes load the
     /// machine; the numbers are the same either way).
@@ -533,6 +540,9 @@ fn main() -> Result<()> {
     }
 
     let policies: Vec<ckpt::Policy> = args.policy.iter().map(|p| p.policy()).collect();
+    if args.explain && lead {
+        explain_auto(&task.train, &model_cfg, &train_cfg, &policies)?;
+    }
     ensure!(
         !args.sweep || policies.len() == 1,
         "--sweep takes one --policy"
@@ -709,5 +719,42 @@ fn main() -> Result<()> {
         report::write_json(path, &doc)?;
         println!("json:  {}", path.display());
     }
+    Ok(())
+}
+
+/// `--explain`: the plans of `segments = auto` for the first training batch, the
+/// planner choosing the policies, then with each of `policies` fixed (one profile, the
+/// model's cache keeps it across `set_policy`).
+fn explain_auto(
+    data: &data::Dataset,
+    model_cfg: &ModelConfig,
+    cfg: &TrainConfig,
+    policies: &[ckpt::Policy],
+) -> Result<()> {
+    tch::manual_seed(cfg.seed as i64);
+    let vs = tch::nn::VarStore::new(cfg.device);
+    let mut model = model::Classifier::new(vs.root(), model_cfg);
+    Strategy::Auto.apply(&mut model, model_cfg.layers)?;
+    let steps = train::epoch_steps(data, cfg, Sharding::Single, 0)?;
+    let (_, rows) = steps
+        .first()
+        .and_then(|s| s.first())
+        .context("no training batch")?;
+    let (xs, _) = data.batch(rows, cfg.device);
+    let plan = model.plan_for(&xs, true)?;
+    println!(
+        "\nsegments = auto, policies chosen by the planner:\n{}",
+        plan.explain()
+    );
+    for &policy in policies {
+        model.set_policy(policy);
+        let plan = model.plan_for(&xs, true)?;
+        println!(
+            "\nsegments = auto, policy {} in every checkpointed segment:\n{}",
+            ckpt::plan::policy_name(policy),
+            plan.explain()
+        );
+    }
+    println!();
     Ok(())
 }

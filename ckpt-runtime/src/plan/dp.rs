@@ -1,14 +1,21 @@
 //! The cost model's evaluation of a plan, phase by phase, and the dynamic programs that
-//! choose the cuts (see the [parent module](super) for the model and the proofs).
+//! choose the cuts and, per checkpointed segment, the policy (see the [parent module](super)
+//! for the model and the proofs).
 
 use super::{ChainCost, Phase};
-use crate::CkptError;
+use crate::{CkptError, Policy};
 
-/// The predicted peak of `cuts` and the phase where it occurs, straight from the
-/// definition of the cost model (no shared code with the programs below, so that the
-/// property tests compare two independent computations). `cuts` must be valid and the
-/// profile checked.
-pub(super) fn evaluate(costs: &ChainCost, cuts: &[usize]) -> (u64, Phase) {
+/// The predicted peak of `cuts` with `policies` (one per checkpointed segment), the phase
+/// where it occurs and the predicted extra seconds, straight from the definition of the
+/// cost model (no shared code with the programs below, so that the property tests
+/// compare two independent computations). `cuts` and `policies` must be valid (every
+/// policy one that [`StageCost::keep`](super::StageCost::keep) models) and the profile
+/// checked.
+pub(super) fn evaluate(
+    costs: &ChainCost,
+    cuts: &[usize],
+    policies: &[Policy],
+) -> (u64, Phase, f64) {
     let st = &costs.stages;
     let len = st.len();
     let input = |i: usize| {
@@ -23,6 +30,7 @@ pub(super) fn evaluate(costs: &ChainCost, cuts: &[usize]) -> (u64, Phase) {
     bounds.push(len);
     let k = bounds.len() - 1;
     let mut stashes = 0u64;
+    let mut seconds = 0.0;
     let mut values = Vec::with_capacity(k);
     for j in 0..k {
         let (a, b) = (bounds[j], bounds[j + 1]);
@@ -32,6 +40,14 @@ pub(super) fn evaluate(costs: &ChainCost, cuts: &[usize]) -> (u64, Phase) {
         }
         if !plain {
             stashes += costs.checkpoint_bytes;
+            // What the policy keeps lives from the segment's forward until its
+            // recompute and backward are done, as a stash does; its recompute costs
+            // the stages' forward times less what the policy replays.
+            for s in &st[a..b] {
+                let (kept, recompute) = s.keep(policies[j]).unwrap_or((0, s.forward_seconds));
+                stashes += kept;
+                seconds += recompute;
+            }
         }
         // The segment's own term: each stage's worst moment on top of the kept bytes of
         // the stages before it, plus the held output gradient of a checkpointed segment.
@@ -62,7 +78,7 @@ pub(super) fn evaluate(costs: &ChainCost, cuts: &[usize]) -> (u64, Phase) {
             phase = Phase::Recompute { segment: j };
         }
     }
-    (peak, phase)
+    (peak, phase, seconds)
 }
 
 /// Marks a suffix or prefix that has no valid plan.
@@ -240,9 +256,172 @@ pub(super) fn plan(costs: &ChainCost, budget: Option<u64>) -> Result<Vec<usize>,
     Ok(cuts)
 }
 
+/// Whether any stage has a figure for a selective policy, so that the planner has a
+/// choice of policy to make.
+pub(super) fn has_policies(costs: &ChainCost) -> bool {
+    costs
+        .stages
+        .iter()
+        .any(|s| s.masks.is_some() || s.selective.is_some())
+}
+
+/// One partial plan of the prefix `0..at` in the budget program with policies: the stash
+/// sum `A` its checkpointed segments hold (their inputs, RNG copies and kept bytes), its
+/// recompute seconds, the largest of its phases' peaks, and how it was made.
+#[derive(Debug, Clone, Copy)]
+struct Label {
+    stash: u64,
+    seconds: f64,
+    peak: u64,
+    /// The label of the prefix before the last segment, and that segment's policy
+    /// (`None` for the empty prefix).
+    from: Option<(usize, Policy)>,
+    at: usize,
+}
+
+impl Label {
+    fn dominates(&self, other: &Label) -> bool {
+        self.stash <= other.stash && self.seconds <= other.seconds && self.peak <= other.peak
+    }
+}
+
+/// The planner with a choice of policy per checkpointed segment among `allowed` (some of
+/// [`PLANNED_POLICIES`], at least one): the cuts and policies for the least extra time
+/// within `budget` bytes, or (`None`) for the least peak; ties broken by the other
+/// objective, then by the order of `allowed`. The profile must be checked.
+pub(super) fn plan_with_policies(
+    costs: &ChainCost,
+    budget: Option<u64>,
+    allowed: &[Policy],
+) -> Result<(Vec<usize>, Vec<Policy>), CkptError> {
+    let len = costs.len();
+    if len == 0 {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let t = Tables::new(costs);
+    let st = &costs.stages;
+    let keep = |i: usize, p: Policy| st[i].keep(p).unwrap_or((0, st[i].forward_seconds));
+    // The least peak, G with a policy per segment: a checkpointed first segment a..b
+    // with policy P holds σ_ckpt(a) + κ(a, b, P) in every phase from its forward on.
+    let mut g = vec![INF; len + 1];
+    for a in (0..len).rev() {
+        let mut best = t.stash_plain(a) + t.w[a];
+        let stash = t.stash_ckpt(a);
+        let mut kept = vec![0u64; allowed.len()];
+        t.for_each_segment(a, |b, seg| {
+            for (q, &p) in allowed.iter().enumerate() {
+                kept[q] += keep(b - 1, p).0;
+                if g[b] != INF {
+                    best = best.min(stash + kept[q] + seg.max(g[b]));
+                }
+            }
+        });
+        g[a] = best;
+    }
+    let least = g[0];
+    let budget = match budget {
+        None => least,
+        Some(b) if b < least => {
+            return Err(CkptError::BudgetTooSmall {
+                budget_bytes: b,
+                min_bytes: least,
+            });
+        }
+        Some(b) => b,
+    };
+    // Least time within the budget: the Pareto front of (stash sum, seconds, peak so far)
+    // per boundary. Whether a prefix can be completed within the budget, and what the
+    // completion adds to time and peak, depend on the prefix only through its stash sum;
+    // time adds and peaks take maxima, so a prefix no better in all three than another
+    // at the same boundary is never needed (dominance), and the fronts hold every
+    // optimum.
+    let mut labels: Vec<Label> = vec![Label {
+        stash: 0,
+        seconds: 0.0,
+        peak: 0,
+        from: None,
+        at: 0,
+    }];
+    let mut pending: Vec<Vec<usize>> = vec![Vec::new(); len];
+    pending[0].push(0);
+    // The best complete plan: (seconds, peak, label at the plain segment's start).
+    let mut best: Option<(f64, u64, usize)> = None;
+    for a in 0..len {
+        let mut front: Vec<usize> = Vec::new();
+        for &l in &pending[a] {
+            let cand = labels[l];
+            if front.iter().any(|&f| labels[f].dominates(&cand)) {
+                continue;
+            }
+            front.retain(|&f| !cand.dominates(&labels[f]));
+            front.push(l);
+        }
+        for &l in &front {
+            let label = labels[l];
+            let peak = label.peak.max(label.stash + t.stash_plain(a) + t.w[a]);
+            if peak <= budget {
+                let better = best
+                    .is_none_or(|(s, p, _)| label.seconds < s || (label.seconds == s && peak < p));
+                if better {
+                    best = Some((label.seconds, peak, l));
+                }
+            }
+            let base = label.stash + t.stash_ckpt(a);
+            if base > budget {
+                continue;
+            }
+            let mut kept = vec![0u64; allowed.len()];
+            let mut seconds = vec![label.seconds; allowed.len()];
+            let mut made = Vec::new();
+            t.for_each_segment(a, |b, seg| {
+                for (q, &p) in allowed.iter().enumerate() {
+                    let (k, s) = keep(b - 1, p);
+                    kept[q] += k;
+                    seconds[q] += s;
+                    let stash = base + kept[q];
+                    let phase = stash + seg;
+                    // A policy that keeps nothing more and saves no time than an earlier
+                    // one in the list is the same plan; skip it.
+                    let same = (0..q).any(|r| kept[r] == kept[q] && seconds[r] == seconds[q]);
+                    if phase <= budget && !same {
+                        made.push((
+                            b,
+                            Label {
+                                stash,
+                                seconds: seconds[q],
+                                peak: label.peak.max(phase),
+                                from: Some((l, p)),
+                                at: b,
+                            },
+                        ));
+                    }
+                }
+            });
+            for (b, label) in made {
+                pending[b].push(labels.len());
+                labels.push(label);
+            }
+        }
+        pending[a] = front;
+    }
+    let (_, _, mut l) = best.expect("G(0) <= budget, so some plan fits");
+    let mut cuts = Vec::new();
+    let mut policies = Vec::new();
+    while let Some((prev, p)) = labels[l].from {
+        cuts.push(labels[l].at);
+        policies.push(p);
+        l = prev;
+    }
+    cuts.reverse();
+    policies.reverse();
+    // The loop above records the start of each segment after the first: the last entry
+    // is the plain segment's start, every entry a cut.
+    Ok((cuts, policies))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::{Budget, ChainCost, Objective, StageCost};
+    use super::super::{Budget, ChainCost, KeepCost, Objective, PLANNED_POLICIES, StageCost};
     use super::*;
     use proptest::prelude::*;
 
@@ -273,6 +452,7 @@ mod tests {
                 forward_extra_bytes: f,
                 backward_extra_bytes: b,
                 forward_seconds: s,
+                ..StageCost::default()
             })
     }
 
@@ -338,6 +518,178 @@ mod tests {
         }
     }
 
+    /// Every cut set of `0..len` with every policy of [`PLANNED_POLICIES`] per
+    /// checkpointed segment, as (peak, extra seconds).
+    fn all_plans_with_policies(costs: &ChainCost) -> Vec<(u64, f64)> {
+        let len = costs.len();
+        let inner = len.saturating_sub(1);
+        let mut out = Vec::new();
+        for mask in 0u32..1 << inner {
+            let cuts: Vec<usize> = (1..len).filter(|c| mask & (1 << (c - 1)) != 0).collect();
+            let n = PLANNED_POLICIES.len();
+            for choice in 0..n.pow(cuts.len() as u32) {
+                let policies: Vec<Policy> = (0..cuts.len())
+                    .map(|j| PLANNED_POLICIES[choice / n.pow(j as u32) % n])
+                    .collect();
+                let p = costs.evaluate_with_policies(&cuts, &policies).unwrap();
+                assert_eq!(p.policies(), &policies[..]);
+                out.push((p.predicted_peak_bytes(), p.predicted_extra_seconds()));
+            }
+        }
+        out
+    }
+
+    /// Seconds in quarters, so that every sum is exact and ties are real ties.
+    fn quarters(max: u32) -> impl Strategy<Value = f64> {
+        (0..=max * 4).prop_map(|q| f64::from(q) / 4.0)
+    }
+
+    fn keep_cost() -> impl Strategy<Value = Option<KeepCost>> {
+        prop::option::weighted(
+            0.8,
+            (0u64..600, quarters(10)).prop_map(|(kept_bytes, recompute_seconds)| KeepCost {
+                kept_bytes,
+                recompute_seconds,
+            }),
+        )
+    }
+
+    fn policy_stage() -> impl Strategy<Value = StageCost> {
+        (
+            (0u64..1000, 0u64..1000, 0u64..300, 0u64..300),
+            quarters(10),
+            keep_cost(),
+            keep_cost(),
+        )
+            .prop_map(|((i, k, f, b), s, masks, selective)| StageCost {
+                input_bytes: i,
+                kept_bytes: k,
+                forward_extra_bytes: f,
+                backward_extra_bytes: b,
+                forward_seconds: s,
+                masks,
+                selective,
+            })
+    }
+
+    fn policy_chain() -> impl Strategy<Value = ChainCost> {
+        (
+            prop::collection::vec(policy_stage(), 0..=7),
+            0u64..1000,
+            0u64..50,
+        )
+            .prop_map(|(stages, output_bytes, checkpoint_bytes)| ChainCost {
+                stages,
+                output_bytes,
+                checkpoint_bytes,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        /// With a policy per segment: least peak, then least time among those, equals
+        /// exhaustive search over cut sets x policies.
+        #[test]
+        fn min_peak_with_policies_equals_exhaustive(costs in policy_chain()) {
+            let plan = costs.plan(&Objective::MinPeak).unwrap();
+            prop_assert_eq!(plan.policies().len(), plan.cuts().len());
+            let all = all_plans_with_policies(&costs);
+            let best_peak = all.iter().map(|p| p.0).min().unwrap();
+            let best_time = all
+                .iter()
+                .filter(|p| p.0 == best_peak)
+                .map(|p| p.1)
+                .fold(f64::INFINITY, f64::min);
+            prop_assert_eq!(plan.predicted_peak_bytes(), best_peak);
+            prop_assert_eq!(plan.predicted_extra_seconds(), best_time);
+            // The plan's figures are those of evaluating its cuts and policies.
+            let again = costs.evaluate_with_policies(plan.cuts(), plan.policies()).unwrap();
+            prop_assert_eq!(again.predicted_peak_bytes(), plan.predicted_peak_bytes());
+        }
+
+        /// With a policy per segment: least time within a budget, then least peak,
+        /// equals exhaustive search; too small a budget states the least peak.
+        #[test]
+        fn budget_with_policies_equals_exhaustive(costs in policy_chain(), sel in 0u64..1200) {
+            let all = all_plans_with_policies(&costs);
+            let least = all.iter().map(|p| p.0).min().unwrap();
+            let plain = all[0].0;
+            let budget = if sel < 100 {
+                least.saturating_sub(sel)
+            } else {
+                least + (plain.max(least) - least) * (sel - 100) / 1000
+            };
+            let fits: Vec<_> = all.iter().filter(|p| p.0 <= budget).collect();
+            match costs.plan(&Objective::Budget(Budget::Bytes(budget))) {
+                Ok(plan) => {
+                    let best_time = fits.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+                    let best_peak = fits.iter().filter(|p| p.1 == best_time).map(|p| p.0).min().unwrap();
+                    prop_assert_eq!(plan.predicted_extra_seconds(), best_time);
+                    prop_assert_eq!(plan.predicted_peak_bytes(), best_peak);
+                    prop_assert!(plan.predicted_peak_bytes() <= budget);
+                }
+                Err(CkptError::BudgetTooSmall { budget_bytes, min_bytes }) => {
+                    prop_assert!(fits.is_empty());
+                    prop_assert_eq!(budget_bytes, budget);
+                    prop_assert_eq!(min_bytes, least);
+                }
+                Err(e) => prop_assert!(false, "unexpected error {e}"),
+            }
+        }
+    }
+
+    /// Without the choice (a user-fixed policy), or without figures, every segment
+    /// recomputes everything, and the plans are those of the program without policies.
+    #[test]
+    fn no_policy_figures_or_no_choice_is_full_recompute() {
+        let mut costs = residual_chain(16);
+        let plain = costs.plan_min_peak().unwrap();
+        assert!(plain.policies().iter().all(|&p| p == Policy::RECOMPUTE_ALL));
+        // Dropout masks: 1 byte kept of 2 per stage, and half the recompute saved.
+        for s in &mut costs.stages {
+            s.masks = Some(KeepCost {
+                kept_bytes: 1,
+                recompute_seconds: 0.5,
+            });
+        }
+        let fixed = costs
+            .plan_with(&Objective::MinPeak, &[Policy::RECOMPUTE_ALL])
+            .unwrap();
+        assert_eq!(fixed.cuts(), plain.cuts());
+        assert!(fixed.policies().iter().all(|&p| p == Policy::RECOMPUTE_ALL));
+        // A loose budget: keeping masks in the checkpointed segments costs bytes but
+        // halves their recompute, so the planner keeps them where the budget allows.
+        let plan = costs.plan_within(Budget::Bytes(30)).unwrap();
+        assert!(plan.policies().contains(&super::super::MASKS), "{plan:?}");
+        let full = costs
+            .plan_with(
+                &Objective::Budget(Budget::Bytes(30)),
+                &[Policy::RECOMPUTE_ALL],
+            )
+            .unwrap();
+        // Only masks allowed: every checkpointed segment keeps them.
+        let masks = costs
+            .plan_with(
+                &Objective::Budget(Budget::Bytes(30)),
+                &[super::super::MASKS],
+            )
+            .unwrap();
+        assert!(masks.policies().iter().all(|&p| p == super::super::MASKS));
+        assert!(costs.plan_with(&Objective::MinPeak, &[]).is_err());
+        assert!(plan.predicted_extra_seconds() < full.predicted_extra_seconds());
+        assert!(plan.predicted_peak_bytes() <= 30);
+        // A policy the planner does not model is an error in evaluate.
+        assert!(matches!(
+            costs.evaluate_with_policies(&[4], &[Policy::selective().save_dropout_masks(false)]),
+            Err(CkptError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            costs.evaluate_with_policies(&[4], &[]),
+            Err(CkptError::InvalidArgument(_))
+        ));
+    }
+
     /// A uniform chain: the stage `x + relu(linear(x))` of `tests/plan.rs`, in units of
     /// one activation (input 1, kept 2, forward temporaries 1, backward 1).
     fn residual_chain(len: usize) -> ChainCost {
@@ -349,6 +701,7 @@ mod tests {
                 forward_extra_bytes: 1,
                 backward_extra_bytes: 1,
                 forward_seconds: 1.0,
+                ..StageCost::default()
             },
         )
     }
@@ -479,11 +832,11 @@ mod tests {
             .collect();
         assert_eq!(rows.len(), 9, "{text}");
         assert!(
-            rows[1].contains("block 0") && rows[1].contains("1 (recomputed)"),
+            rows[1].contains("block 0") && rows[1].contains("1 (recomputed, full)"),
             "{text}"
         );
         assert!(
-            rows[4].contains("block 3") && rows[4].contains("1 (recomputed)"),
+            rows[4].contains("block 3") && rows[4].contains("1 (recomputed, full)"),
             "{text}"
         );
         assert!(
@@ -532,6 +885,7 @@ mod tests {
                     forward_extra_bytes: next(1 << 20),
                     backward_extra_bytes: next(2 << 20),
                     forward_seconds: next(1000) as f64 * 1e-6,
+                    ..StageCost::default()
                 })
                 .collect(),
             output_bytes: 1 << 20,

@@ -167,6 +167,38 @@
 //! chain is planned in about 3 ms in a release build (the `plan_1000_stages` benchmark
 //! test).
 //!
+//! # A policy per checkpointed segment (selective checkpointing)
+//!
+//! A checkpointed segment may also keep part of its forward's results so that its
+//! recompute replays them instead of computing them ([`Policy`]); the
+//! planner chooses, per segment, among [`PLANNED_POLICIES`]: full recompute, dropout
+//! masks kept (`masks`), and `selective` (masks and `Linear` outputs kept). The profile
+//! gives per stage `i` and policy `P` the bytes `κ_i(P)` the policy keeps and the seconds
+//! `r_i(P)` of the stage's recompute when it replays them ([`StageCost::keep`]; full
+//! recompute keeps nothing and costs `forward_seconds`). In the cost model the kept bytes
+//! of a checkpointed segment `a..b` are held from its forward until its recompute and
+//! backward are done, exactly as its stash is: `σ_j = in_{c_j} + o + κ(a, b, P_j)` with
+//! `κ(a, b, P) = κ_a(P) + … + κ_{b-1}(P)`, in every phase from its forward on (in its own
+//! recompute too: an upper bound, since a kept linear output is also the recomputed
+//! activation). The extra time is the sum of `r_i(P_j)` over the checkpointed segments'
+//! stages. Peak and phases are otherwise as above ([`ChainCost::evaluate_with_policies`]).
+//!
+//! The least peak is `G` with the first segment's choice extended to pairs `(b, P)`:
+//! `σ_ckpt(a) + κ(a, b, P) + max(in_b + U(a, b), G(b))`, optimal by the same argument.
+//! The least time within `B` is no longer a prefix time: stash sum and time now both
+//! depend on the policies, so the budget program keeps at each boundary the Pareto
+//! front of the partial plans' (stash sum, seconds, largest phase peak so far), each
+//! extended by every segment and policy whose phase fits in `B`. Whether and how a
+//! prefix can be completed depends on it only through its stash sum, time adds and
+//! peaks take maxima, so a partial plan that another at the same boundary is no better
+//! than in all three is never needed, and the fronts hold the fastest plan and, among
+//! the fastest, the least peak. Fronts are small in practice (a chain without policy
+//! figures, or with the policies fixed to full recompute, runs the programs above);
+//! the worst case is exponential in the chain's length. Both programs are checked
+//! against exhaustive search over every cut set and policy assignment by the property
+//! tests of `plan/dp.rs` (500 random chains each, up to 7 stages and 3^6 policy
+//! assignments per cut set).
+//!
 //! One level of checkpoints (each stage recomputed at most once) is what the dynamic
 //! program plans. Griewank and Walther's binomial checkpointing ("Algorithm 799:
 //! revolve", ACM TOMS 26(1), 2000) nests segments, recomputing stages several times to
@@ -237,7 +269,7 @@ pub mod __private {
     }
 }
 
-use crate::CkptError;
+use crate::{CkptError, Policy};
 
 /// What one stage of a chain costs, as measured by [`profile_sequential`] (see the
 /// [module docs](self) for how each figure enters the predicted peak).
@@ -253,8 +285,26 @@ pub struct StageCost {
     /// Peak bytes of the stage's backward above `kept_bytes` and its incoming gradient
     /// (the output's size): the gradients and temporaries it makes.
     pub backward_extra_bytes: u64,
-    /// Seconds of the forward with grad, which is what a recompute costs.
+    /// Seconds of the forward with grad, which is what a full recompute costs.
     pub forward_seconds: f64,
+    /// What the stage keeps and costs to recompute in a segment checkpointed with
+    /// [`Policy::selective`]`().save_linear(false)` (dropout masks kept); `None` when not
+    /// profiled, which the planner takes as "keeps nothing, saves nothing".
+    pub masks: Option<KeepCost>,
+    /// The same for [`Policy::selective`] (linear outputs and dropout masks kept).
+    pub selective: Option<KeepCost>,
+}
+
+/// What a stage keeps, and what its recompute costs, in a segment checkpointed with a
+/// selective [`Policy`] (see [`StageCost::masks`], [`StageCost::selective`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct KeepCost {
+    /// Bytes the policy keeps from the segment's forward until its recompute is done
+    /// (linear outputs, dropout masks at 1 byte an element and a generator state each).
+    pub kept_bytes: u64,
+    /// Seconds of the stage's recompute under the policy: its forward with grad with the
+    /// kept results replayed instead of computed.
+    pub recompute_seconds: f64,
 }
 
 impl StageCost {
@@ -267,9 +317,36 @@ impl StageCost {
             forward_extra_bytes: 0,
             backward_extra_bytes: 0,
             forward_seconds,
+            masks: None,
+            selective: None,
+        }
+    }
+
+    /// What the stage keeps (bytes) and what recomputing it costs (seconds) in a segment
+    /// checkpointed with `policy`: `(0, forward_seconds)` for [`Policy::RECOMPUTE_ALL`] and
+    /// for a policy the profile has no figure for; `None` for a policy the planner does
+    /// not model (linear outputs without dropout masks).
+    pub fn keep(&self, policy: Policy) -> Option<(u64, f64)> {
+        let full = (0, self.forward_seconds);
+        let figure = |k: Option<KeepCost>| k.map_or(full, |k| (k.kept_bytes, k.recompute_seconds));
+        if policy == Policy::RECOMPUTE_ALL {
+            Some(full)
+        } else if policy == MASKS {
+            Some(figure(self.masks))
+        } else if policy == Policy::selective() {
+            Some(figure(self.selective))
+        } else {
+            None
         }
     }
 }
+
+/// The masks-only policy: dropout masks kept, linear outputs recomputed.
+pub(crate) const MASKS: Policy = Policy::selective().save_linear(false);
+
+/// The policies the planner chooses from for each checkpointed segment, in order of
+/// preference on ties: full recompute, dropout masks kept, selective.
+pub const PLANNED_POLICIES: [Policy; 3] = [Policy::RECOMPUTE_ALL, MASKS, Policy::selective()];
 
 /// The cost profile of a chain: one [`StageCost`] per stage plus two chain-wide figures.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -340,14 +417,47 @@ impl ChainCost {
     /// `1..len`, or when a figure of the profile is unusable (a negative, infinite or
     /// NaN time; byte figures summing past 2^62).
     pub fn evaluate(&self, cuts: &[usize]) -> Result<Plan, CkptError> {
+        self.evaluate_with_policies(cuts, &vec![Policy::RECOMPUTE_ALL; cuts.len()])
+    }
+
+    /// [`ChainCost::evaluate`] with a policy for each checkpointed segment
+    /// (`policies[j]` for the segment that ends at `cuts[j]`): what a selective policy
+    /// keeps ([`StageCost::keep`]) is held from the segment's forward until its
+    /// recompute is done, and its recompute costs the stages' recompute seconds under
+    /// the policy.
+    ///
+    /// # Errors
+    ///
+    /// As [`ChainCost::evaluate`]; [`CkptError::InvalidArgument`] when `policies` is not
+    /// one per cut, or holds a policy the planner does not model (one of
+    /// [`PLANNED_POLICIES`] is needed).
+    pub fn evaluate_with_policies(
+        &self,
+        cuts: &[usize],
+        policies: &[Policy],
+    ) -> Result<Plan, CkptError> {
         self.check()?;
         schedule::check_cuts(cuts, self.len())?;
-        let (peak, phase) = dp::evaluate(self, cuts);
-        Ok(self.make_plan(cuts.to_vec(), peak, phase, None))
+        if policies.len() != cuts.len() {
+            return Err(CkptError::InvalidArgument(format!(
+                "{} policies for {} checkpointed segments: give one per cut",
+                policies.len(),
+                cuts.len()
+            )));
+        }
+        if let Some(p) = policies.iter().find(|p| !PLANNED_POLICIES.contains(p)) {
+            return Err(CkptError::InvalidArgument(format!(
+                "policy {p:?} is not one the planner models (full recompute, dropout masks kept, or selective)"
+            )));
+        }
+        Ok(self.make_plan(cuts.to_vec(), policies.to_vec(), None))
     }
 
     /// Chooses the cuts for `objective` by dynamic programming (see the
-    /// [module docs](self) for the model, the programs and their optimality).
+    /// [module docs](self) for the model, the programs and their optimality), and for
+    /// each checkpointed segment the policy of [`PLANNED_POLICIES`] when the profile has
+    /// figures for them ([`StageCost::masks`], [`StageCost::selective`]; full recompute
+    /// otherwise).
     ///
     /// # Errors
     ///
@@ -355,15 +465,38 @@ impl ChainCost {
     /// feasible peak); [`CkptError::InvalidArgument`] for a budget fraction that is not
     /// positive and finite, or a profile that [`ChainCost::evaluate`] rejects.
     pub fn plan(&self, objective: &Objective) -> Result<Plan, CkptError> {
+        self.plan_with(objective, &PLANNED_POLICIES)
+    }
+
+    /// [`ChainCost::plan`] with each checkpointed segment's policy chosen among
+    /// `policies` only: `&[Policy::RECOMPUTE_ALL]` plans the cuts for full recompute,
+    /// `&[Policy::selective()]` for a model whose policy the user fixed to selective.
+    ///
+    /// # Errors
+    ///
+    /// As [`ChainCost::plan`]; [`CkptError::InvalidArgument`] when `policies` is empty
+    /// or holds a policy that is not one of [`PLANNED_POLICIES`].
+    pub fn plan_with(&self, objective: &Objective, policies: &[Policy]) -> Result<Plan, CkptError> {
         self.check()?;
-        let plain = dp::evaluate(self, &[]).0;
+        if policies.is_empty() || policies.iter().any(|p| !PLANNED_POLICIES.contains(p)) {
+            return Err(CkptError::InvalidArgument(format!(
+                "plan_with: policies {policies:?}: give at least one, each full recompute, dropout masks kept, or selective"
+            )));
+        }
+        let plain = dp::evaluate(self, &[], &[]).0;
         let budget = match objective {
             Objective::MinPeak => None,
             Objective::Budget(b) => Some(b.bytes(plain)?),
         };
-        let cuts = dp::plan(self, budget)?;
-        let (peak, phase) = dp::evaluate(self, &cuts);
-        Ok(self.make_plan(cuts, peak, phase, budget))
+        let (cuts, policies) = if policies == [Policy::RECOMPUTE_ALL] || !dp::has_policies(self) {
+            // No figures: every policy costs what full recompute does; the first is taken.
+            let cuts = dp::plan(self, budget)?;
+            let policies = vec![policies[0]; cuts.len()];
+            (cuts, policies)
+        } else {
+            dp::plan_with_policies(self, budget, policies)?
+        };
+        Ok(self.make_plan(cuts, policies, budget))
     }
 
     /// [`ChainCost::plan`] for [`Objective::MinPeak`].
@@ -393,6 +526,17 @@ impl ChainCost {
                     s.forward_seconds
                 )));
             }
+            for (what, k) in [("masks", s.masks), ("selective", s.selective)] {
+                if let Some(k) = k {
+                    if !(k.recompute_seconds.is_finite() && k.recompute_seconds >= 0.0) {
+                        return Err(CkptError::InvalidArgument(format!(
+                            "stage {i}: {what}.recompute_seconds = {} (must be finite and not negative)",
+                            k.recompute_seconds
+                        )));
+                    }
+                    total += u128::from(k.kept_bytes);
+                }
+            }
             total += u128::from(s.input_bytes)
                 + u128::from(s.kept_bytes)
                 + u128::from(s.forward_extra_bytes)
@@ -420,16 +564,17 @@ impl ChainCost {
         out
     }
 
-    fn make_plan(&self, cuts: Vec<usize>, peak: u64, phase: Phase, budget: Option<u64>) -> Plan {
-        let plain_start = cuts.last().copied().unwrap_or(0);
+    fn make_plan(&self, cuts: Vec<usize>, policies: Vec<Policy>, budget: Option<u64>) -> Plan {
+        let (peak, phase, extra) = dp::evaluate(self, &cuts, &policies);
         Plan {
             len: self.len(),
-            predicted_extra_seconds: self.time_prefix()[plain_start],
-            recomputed_stages: plain_start,
+            predicted_extra_seconds: extra,
+            recomputed_stages: cuts.last().copied().unwrap_or(0),
             cuts,
+            policies,
             predicted_peak_bytes: peak,
             peak_phase: phase,
-            plain_peak_bytes: dp::evaluate(self, &[]).0,
+            plain_peak_bytes: dp::evaluate(self, &[], &[]).0,
             budget_bytes: budget,
             measured_peak_bytes: None,
             stage_costs: self.stages.clone(),
@@ -459,6 +604,8 @@ pub enum Phase {
 pub struct Plan {
     len: usize,
     cuts: Vec<usize>,
+    /// The policy of each checkpointed segment.
+    policies: Vec<Policy>,
     predicted_peak_bytes: u64,
     predicted_extra_seconds: f64,
     recomputed_stages: usize,
@@ -486,6 +633,22 @@ impl Plan {
     /// The stage indices where a new segment starts (strictly increasing, in `1..len`).
     pub fn cuts(&self) -> &[usize] {
         &self.cuts
+    }
+
+    /// The policy of each checkpointed segment (`policies()[j]` for segment `j`, one per
+    /// cut): [`Policy::RECOMPUTE_ALL`] unless the planner chose to keep dropout masks or
+    /// linear outputs (see [`ChainCost::plan`]).
+    pub fn policies(&self) -> &[Policy] {
+        &self.policies
+    }
+
+    /// The policy segment `segment` runs with: its planned one, or
+    /// [`Policy::RECOMPUTE_ALL`] for the last, plain segment (which keeps everything).
+    pub fn policy_of(&self, segment: usize) -> Policy {
+        self.policies
+            .get(segment)
+            .copied()
+            .unwrap_or(Policy::RECOMPUTE_ALL)
     }
 
     /// Number of segments (`cuts().len() + 1`); all but the last are checkpointed.
@@ -565,13 +728,31 @@ impl Plan {
         self.cuts.iter().take_while(|&&c| c <= stage).count()
     }
 
+    /// What checkpointed segment `segment` keeps (bytes) and what its recompute costs
+    /// (seconds) under `policy`, from the profile (`None` for a policy the planner does
+    /// not model, or a plan without its profile).
+    pub fn segment_keep(&self, segment: usize, policy: Policy) -> Option<(u64, f64)> {
+        let range = self.ranges().get(segment)?.clone();
+        let stages = self.stage_costs.get(range)?;
+        let mut out = (0u64, 0.0);
+        for s in stages {
+            let (k, t) = s.keep(policy)?;
+            out.0 += k;
+            out.1 += t;
+        }
+        Some(out)
+    }
+
     /// A human-readable account of the plan: segments, cuts, predicted peak (and the phase
     /// where it occurs), plain-run peak, budget, predicted extra time, measured peak
-    /// (`Display` prints these), then one line per stage: its name, the segment that holds
-    /// it (checkpointed, so recomputed in backward, or the plain last one), and its
-    /// profiled input bytes (what a segment starting there stashes), kept bytes (what it
-    /// keeps for backward, its output included) and forward time (what recomputing it
-    /// costs).
+    /// (`Display` prints these); then one line per checkpointed segment: its policy, and
+    /// why — what each policy the planner chooses from would keep and cost to recompute
+    /// there (bytes kept against time saved); then one line per stage: its name, the
+    /// segment that holds it (checkpointed, so recomputed in backward, or the plain last
+    /// one), its profiled input bytes (what a segment starting there stashes), kept bytes
+    /// (what it keeps for backward, its output included), forward time, and under its
+    /// segment's policy what is kept from forward (`policy kept`) and what its recompute
+    /// costs (`recompute`; `-` in the plain segment).
     pub fn explain(&self) -> String {
         use std::fmt::Write;
         let mut out = self.to_string();
@@ -579,6 +760,37 @@ impl Plan {
             return out;
         }
         let last = self.segments() - 1;
+        let ranges = self.ranges();
+        for (j, r) in ranges.iter().enumerate().take(last) {
+            let chosen = self.policy_of(j);
+            let _ = write!(
+                out,
+                "\n  segment {} (stages {}..{}): checkpointed, policy {}",
+                j + 1,
+                r.start,
+                r.end,
+                policy_name(chosen)
+            );
+            let full = self.segment_keep(j, Policy::RECOMPUTE_ALL);
+            let options: Vec<String> = PLANNED_POLICIES
+                .iter()
+                .filter_map(|&p| {
+                    let (k, t) = self.segment_keep(j, p)?;
+                    let saved = full.map_or(0.0, |f| f.1 - t);
+                    let mark = if p == chosen { "*" } else { " " };
+                    Some(format!(
+                        "{mark}{} keeps {}, recompute {} (saves {})",
+                        policy_name(p),
+                        human_bytes(k),
+                        human_seconds(t),
+                        human_seconds(saved.max(0.0))
+                    ))
+                })
+                .collect();
+            if !options.is_empty() {
+                let _ = write!(out, "\n    {}", options.join("; "));
+            }
+        }
         let width = self
             .stage_names
             .iter()
@@ -588,26 +800,50 @@ impl Plan {
             .clamp(5, 60);
         let _ = write!(
             out,
-            "\n  {:>5}  {:<width$}  {:<16}  {:>12}  {:>12}  {:>11}",
-            "stage", "name", "segment", "input", "kept", "forward"
+            "\n  {:>5}  {:<width$}  {:<26}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}",
+            "stage", "name", "segment", "input", "kept", "forward", "policy kept", "recompute"
         );
         for (i, cost) in self.stage_costs.iter().enumerate() {
             let name = self.stage_names.get(i).map_or("", String::as_str);
             let segment = self.segment_of(i);
-            let held = if segment == last {
-                format!("{} (plain)", segment + 1)
+            let (held, policy_kept, recompute) = if segment == last {
+                (
+                    format!("{} (plain)", segment + 1),
+                    "-".to_string(),
+                    "-".to_string(),
+                )
             } else {
-                format!("{} (recomputed)", segment + 1)
+                let p = self.policy_of(segment);
+                let (k, t) = cost.keep(p).unwrap_or((0, cost.forward_seconds));
+                (
+                    format!("{} (recomputed, {})", segment + 1, policy_name(p)),
+                    human_bytes(k),
+                    human_seconds(t),
+                )
             };
             let _ = write!(
                 out,
-                "\n  {i:>5}  {name:<width$}  {held:<16}  {:>12}  {:>12}  {:>11}",
+                "\n  {i:>5}  {name:<width$}  {held:<26}  {:>11}  {:>11}  {:>11}  {policy_kept:>11}  {recompute:>11}",
                 human_bytes(cost.input_bytes),
                 human_bytes(cost.kept_bytes),
                 human_seconds(cost.forward_seconds),
             );
         }
         out
+    }
+}
+
+/// The name of a policy in plans: `full`, `masks`, `selective` (the main program's
+/// `--policy` values), `linear` for linear outputs alone.
+pub fn policy_name(policy: Policy) -> &'static str {
+    if policy == Policy::RECOMPUTE_ALL {
+        "full"
+    } else if policy == MASKS {
+        "masks"
+    } else if policy == Policy::selective() {
+        "selective"
+    } else {
+        "linear"
     }
 }
 
@@ -655,6 +891,14 @@ impl fmt::Display for Plan {
             .map(|r| format!("{}..{}", r.start, r.end))
             .collect();
         writeln!(f, "  segments: {}", ranges.join(" | "))?;
+        if self.policies.iter().any(|&p| p != Policy::RECOMPUTE_ALL) {
+            let names: Vec<&str> = self.policies.iter().map(|&p| policy_name(p)).collect();
+            writeln!(
+                f,
+                "  policies of the checkpointed segments: {}",
+                names.join(" | ")
+            )?;
+        }
         let phase = match self.peak_phase {
             Phase::Plain => "forward and backward of the plain segment".to_string(),
             Phase::Recompute { segment } => {

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use tch::nn::{Module, ModuleT};
 use tch::{Device, Kind, Tensor};
 
-use super::{ChainCost, Objective, Plan, StageCost};
-use crate::checkpoint::{self, CheckpointOptions};
-use crate::ffi::GradMode;
+use super::{ChainCost, KeepCost, MASKS, Objective, Plan, StageCost};
+use crate::checkpoint::{self, CheckpointOptions, Policy};
+use crate::ffi::{GradMode, PolicyProbe};
 use crate::memory;
 use crate::sequential::{chain, run_chain};
 use crate::{CkptError, ShallowClone};
@@ -258,12 +258,23 @@ where
             std::slice::from_ref(&xd),
         )?;
         let y = y?;
+        let (masks, selective) = measure_policies(device, |leaf| {
+            let segment = || format!("ckpt::plan profiling, stage {i} (policies)");
+            let xs = if leaf {
+                detached_leaf(&x)
+            } else {
+                x.shallow_clone()
+            };
+            checkpoint::run_plain(segment, || step(i, &xs))
+        });
         stages.push(StageCost {
             input_bytes: nbytes(&x),
             kept_bytes: fig.kept_bytes,
             forward_extra_bytes: fig.forward_extra_bytes,
             backward_extra_bytes: fig.backward_extra_bytes,
             forward_seconds: fig.forward_seconds,
+            masks,
+            selective,
         });
         x = y.detach();
     }
@@ -272,6 +283,51 @@ where
         checkpoint_bytes: probe_checkpoint_bytes(options, device)?,
         stages,
     })
+}
+
+/// What a stage keeps and what its recompute costs under the two selective policies the
+/// planner chooses from ([`StageCost::masks`], [`StageCost::selective`]), measured with
+/// the runtime's own policy kernels (`csrc/policy.cpp`) on a cache outside any segment:
+/// `run(false)` under `no_grad` records as a checkpointed segment's forward would (the
+/// kept bytes are what the cache then holds: linear outputs, dropout masks and generator
+/// states), and `run(true)` with grad, on a detached leaf, replays as its recompute
+/// would, timed. A policy that keeps nothing in the stage (no linear layer, no CPU
+/// dropout in training mode) gets `None` without a timed run; so does one whose run
+/// fails. Cost: per stage and policy that keeps something, one forward without grad and
+/// one with grad.
+pub(crate) fn measure_policies<T>(
+    device: Device,
+    mut run: impl FnMut(bool) -> Result<T, CkptError>,
+) -> (Option<KeepCost>, Option<KeepCost>) {
+    let mut one = |policy: Policy| -> Option<KeepCost> {
+        let probe = PolicyProbe::new(policy.bits())?;
+        {
+            let _no_grad = GradMode::set(false);
+            drop(probe.record(|| run(false)).ok()?);
+        }
+        let kept_bytes = probe.bytes();
+        if kept_bytes == 0 {
+            return None;
+        }
+        sync(device);
+        let start = Instant::now();
+        let out = {
+            let _grad = GradMode::set(true);
+            probe.replay(|| run(true))
+        };
+        sync(device);
+        let elapsed = start.elapsed();
+        drop(out.ok()?);
+        Some(KeepCost {
+            kept_bytes,
+            recompute_seconds: seconds(elapsed),
+        })
+    };
+    let selective = one(Policy::selective());
+    // Dropout masks are part of what the selective policy keeps: nothing kept there,
+    // nothing kept with masks alone.
+    let masks = selective.and_then(|_| one(MASKS));
+    (masks, selective)
 }
 
 fn seconds(d: Duration) -> f64 {
@@ -351,9 +407,13 @@ where
     M: Module + ShallowClone + 'static,
 {
     check_len(modules.len(), plan)?;
-    run_chain(modules, &plan.ranges(), input, |m: &M, xs: &Tensor| {
-        m.forward(xs)
-    })
+    run_chain(
+        modules,
+        &plan.ranges(),
+        plan.policies(),
+        input,
+        |m: &M, xs: &Tensor| m.forward(xs),
+    )
 }
 
 /// [`checkpoint_sequential_plan`] for [`ModuleT`] modules, with the train flag.
@@ -388,9 +448,13 @@ where
     M: ModuleT + ShallowClone + 'static,
 {
     check_len(modules.len(), plan)?;
-    run_chain(modules, &plan.ranges(), input, move |m: &M, xs: &Tensor| {
-        m.forward_t(xs, train)
-    })
+    run_chain(
+        modules,
+        &plan.ranges(),
+        plan.policies(),
+        input,
+        move |m: &M, xs: &Tensor| m.forward_t(xs, train),
+    )
 }
 
 /// The chain run plainly (under `no_grad`), a panic of a module being
@@ -550,7 +614,7 @@ impl SequentialPlanner {
         }
         let plan = self.f_plan(modules, input)?;
         check_len(modules.len(), plan)?;
-        run_chain(modules, &plan.ranges(), input, step)
+        run_chain(modules, &plan.ranges(), plan.policies(), input, step)
     }
 
     /// [`SequentialPlanner::forward`] for [`ModuleT`] modules, with the train flag.
@@ -586,6 +650,6 @@ impl SequentialPlanner {
         }
         let plan = self.f_plan_t(modules, input, train)?;
         check_len(modules.len(), plan)?;
-        run_chain(modules, &plan.ranges(), input, step)
+        run_chain(modules, &plan.ranges(), plan.policies(), input, step)
     }
 }

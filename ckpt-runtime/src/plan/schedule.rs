@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use tch::Tensor;
 
 use super::profile::InputKey;
-use super::{Budget, ChainCost, Objective, Plan};
+use super::{Budget, ChainCost, Objective, PLANNED_POLICIES, Plan};
 use crate::{CkptError, Policy, lock};
 
 /// How the stages of a checkpointed `model!` chain are cut into segments: what
@@ -132,6 +132,9 @@ pub(crate) fn check_cuts(cuts: &[usize], len: usize) -> Result<(), CkptError> {
 pub struct ModelPlans {
     schedule: Schedule,
     policy: Policy,
+    /// Whether the policy was declared or set (`policy = ..`, `set_policy`): then the
+    /// planner plans for it instead of choosing one per segment.
+    policy_fixed: bool,
     profiles: Arc<Mutex<HashMap<InputKey, ChainCost>>>,
     plans: Arc<Mutex<HashMap<InputKey, Plan>>>,
 }
@@ -142,26 +145,83 @@ impl ModelPlans {
         ModelPlans {
             schedule,
             policy: Policy::RECOMPUTE_ALL,
+            policy_fixed: false,
             profiles: Arc::default(),
             plans: Arc::default(),
         }
     }
 
-    /// The state with a declared selective-checkpointing policy.
+    /// The state with a declared selective-checkpointing policy (fixed: the planner
+    /// does not choose another).
     pub fn with_policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
+        self.policy_fixed = true;
         self
     }
 
-    /// What each checkpointed segment keeps from its forward.
+    /// What each checkpointed segment keeps from its forward, when declared or set;
+    /// [`Policy::RECOMPUTE_ALL`] otherwise (an auto schedule then chooses per segment:
+    /// [`Plan::policies`]).
     pub fn policy(&self) -> Policy {
         self.policy
     }
 
-    /// Sets what each checkpointed segment keeps from its forward (plans and profiles
-    /// stay: the policy changes what a segment keeps, not where the cuts are).
+    /// Sets what each checkpointed segment keeps from its forward, for every segment
+    /// (the planner no longer chooses); forgets the plans, which depend on it.
     pub fn set_policy(&mut self, policy: Policy) {
         self.policy = policy;
+        self.policy_fixed = true;
+        self.plans = Arc::default();
+    }
+
+    /// The policies an auto schedule chooses from: the fixed one when it is one the
+    /// planner models (else full recompute: the cuts are planned for that), all of
+    /// [`PLANNED_POLICIES`] when none was fixed.
+    fn allowed(&self) -> Vec<Policy> {
+        if !self.policy_fixed {
+            PLANNED_POLICIES.to_vec()
+        } else if PLANNED_POLICIES.contains(&self.policy) {
+            vec![self.policy]
+        } else {
+            vec![Policy::RECOMPUTE_ALL]
+        }
+    }
+
+    /// [`ModelPlans::ranges`] with the policy of each checkpointed segment (one per
+    /// range but the last): the fixed policy, or for an auto schedule without one the
+    /// plan's choice.
+    ///
+    /// # Errors
+    ///
+    /// As [`ModelPlans::ranges`].
+    pub fn segments(
+        &self,
+        len: usize,
+        input: &Tensor,
+        train: Option<bool>,
+        profile: impl FnOnce() -> Result<ChainCost, CkptError>,
+    ) -> Result<(Vec<Range<usize>>, Vec<Policy>), CkptError> {
+        let fixed = |ranges: Vec<Range<usize>>| {
+            let n = ranges.len().saturating_sub(1);
+            (ranges, vec![self.policy; n])
+        };
+        if self.policy_fixed || !matches!(self.schedule, Schedule::Auto(_)) {
+            return self.ranges(len, input, train, profile).map(fixed);
+        }
+        if !crate::ffi::grad_enabled() {
+            return Ok(fixed(ckpt_budget::cut_ranges(&[], len)));
+        }
+        let key = InputKey::new(input, train);
+        if let Some(plan) = lock(&self.plans).get(&key)
+            && plan.len() == len
+        {
+            return Ok((plan.ranges(), plan.policies().to_vec()));
+        }
+        if crate::ffi::is_recomputing() && !lock(&self.profiles).contains_key(&key) {
+            return Ok(fixed(ckpt_budget::cut_ranges(&[], len)));
+        }
+        let plan = self.plan(len, input, train, profile)?;
+        Ok((plan.ranges(), plan.policies().to_vec()))
     }
 
     /// The current schedule.
@@ -261,14 +321,15 @@ impl ModelPlans {
         };
         match &self.schedule {
             Schedule::Auto(objective) => {
-                let plan = costs.plan(objective)?;
+                let plan = costs.plan_with(objective, &self.allowed())?;
                 lock(&self.plans).insert(key, plan.clone());
                 Ok(plan)
             }
             fixed => {
                 let ranges = fixed.fixed_ranges(len)?.expect("a fixed schedule");
                 let cuts: Vec<usize> = ranges[1..].iter().map(|r| r.start).collect();
-                costs.evaluate(&cuts)
+                let policy = self.allowed()[0];
+                costs.evaluate_with_policies(&cuts, &vec![policy; cuts.len()])
             }
         }
     }

@@ -921,6 +921,7 @@ fn profile_env(
             forward_extra_bytes: fig.forward_extra_bytes,
             backward_extra_bytes: fig.backward_extra_bytes,
             forward_seconds: fig.forward_seconds,
+            ..StageCost::default()
         });
         for &s in defs {
             if let Some(slot) = &done.slots[s] {

@@ -60,16 +60,17 @@ pub(super) fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
     } else {
         quote!(::core::option::Option::None)
     };
-    let (len, p_x, planned, r, e) = (
+    let (len, p_x, planned, r, e, policies) = (
         mixed("__ckpt_len"),
         mixed("__ckpt_px"),
         mixed("__ckpt_planned"),
         mixed("__ckpt_r"),
         mixed("__ckpt_e"),
+        mixed("__ckpt_policies"),
     );
     let ranges_expr = quote! {{
         let #len = self.__ckpt_len();
-        let #planned = self.__ckpt_plans.ranges(#len, #xs, #key_train, || {
+        let #planned = self.__ckpt_plans.segments(#len, #xs, #key_train, || {
             ::ckpt::__private::profile_stages(&#options, #len, #xs, |#i: usize, #p_x: &#t| {
                 self.__ckpt_stage(#i, #t::shallow_clone(#p_x), #train, &#ctx)
             })
@@ -91,7 +92,10 @@ pub(super) fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
     quote! {
         let #ctx = self.__ckpt_context(#xs, #train);
         let #options = #new_options;
-        let #ranges: ::std::vec::Vec<::core::ops::Range<usize>> = #ranges_expr;
+        let (#ranges, #policies): (
+            ::std::vec::Vec<::core::ops::Range<usize>>,
+            ::std::vec::Vec<::ckpt::Policy>,
+        ) = #ranges_expr;
         let (#last, #ckpt) = #ranges
             .split_last()
             .expect("a schedule gives at least one range");
@@ -116,7 +120,7 @@ pub(super) fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
                 let #shared = ::ckpt::__private::ShallowClone::shallow_clone(&#shared);
                 let #range = ::core::clone::Clone::clone(#range);
                 #h = ::ckpt::__private::segment(
-                    &#options,
+                    &::core::clone::Clone::clone(&#options).policy(#policies[#k]),
                     #name,
                     move |(#x, #c): (#t, #ctx_ty)| -> #t {
                         let #guard = #shared.lock();
