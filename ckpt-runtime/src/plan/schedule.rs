@@ -1,17 +1,11 @@
-//! [`Schedule`]: how a `model!` chain is cut at run time, and [`ModelPlans`], the state a
-//! checkpointed `model!` model keeps for it (the declared schedule, profiles and plans
-//! cached per input).
+//! [`Schedule`]: how a `model!` chain is cut at run time (the state a model keeps for it
+//! is `ModelPlans`, in the macro/runtime contract).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
 
-use tch::Tensor;
-
-use super::profile::InputKey;
-use super::{Budget, ChainCost, Objective, Plan};
-use crate::{CkptError, Policy, lock};
+use super::{Budget, Objective, Plan};
+use crate::CkptError;
 
 /// How the stages of a checkpointed `model!` chain are cut into segments: what
 /// `#[checkpointed(..)]` declares, and what the generated `set_schedule` (and its
@@ -123,157 +117,6 @@ pub(crate) fn check_cuts(cuts: &[usize], len: usize) -> Result<(), CkptError> {
     Ok(())
 }
 
-/// The state of a checkpointed `model!` model (a hidden field): its [`Schedule`], and
-/// the profiles and auto plans cached per input (size, dtype, device, train flag). A
-/// clone shares the caches (shallow clones of the model are taken every forward call);
-/// profiles do not depend on the schedule and survive a change of it, plans do not.
-#[doc(hidden)]
-#[derive(Debug, Clone)]
-pub struct ModelPlans {
-    schedule: Schedule,
-    policy: Policy,
-    profiles: Arc<Mutex<HashMap<InputKey, ChainCost>>>,
-    plans: Arc<Mutex<HashMap<InputKey, Plan>>>,
-}
-
-impl ModelPlans {
-    /// The state for a declared schedule (checked by the macro).
-    pub fn new(schedule: Schedule) -> Self {
-        ModelPlans {
-            schedule,
-            policy: Policy::RECOMPUTE_ALL,
-            profiles: Arc::default(),
-            plans: Arc::default(),
-        }
-    }
-
-    /// The state with a declared selective-checkpointing policy.
-    pub fn with_policy(mut self, policy: Policy) -> Self {
-        self.policy = policy;
-        self
-    }
-
-    /// What each checkpointed segment keeps from its forward.
-    pub fn policy(&self) -> Policy {
-        self.policy
-    }
-
-    /// Sets what each checkpointed segment keeps from its forward (plans and profiles
-    /// stay: the policy changes what a segment keeps, not where the cuts are).
-    pub fn set_policy(&mut self, policy: Policy) {
-        self.policy = policy;
-    }
-
-    /// The current schedule.
-    pub fn schedule(&self) -> &Schedule {
-        &self.schedule
-    }
-
-    /// Replaces the schedule after checking it for a chain of `len` stages; forgets the
-    /// plans (not the profiles).
-    ///
-    /// # Errors
-    ///
-    /// As [`Schedule::check`]; the schedule is unchanged then.
-    pub fn set(&mut self, schedule: Schedule, len: usize) -> Result<(), CkptError> {
-        schedule.check(len)?;
-        self.schedule = schedule;
-        self.plans = Arc::default();
-        Ok(())
-    }
-
-    /// Forgets every cached profile and plan (the next training call profiles again).
-    pub fn clear(&self) {
-        lock(&self.profiles).clear();
-        lock(&self.plans).clear();
-    }
-
-    /// The segments of one forward call on `input`. Fixed schedules need nothing more;
-    /// an auto schedule uses the plan cached for the input, or profiles (`profile`) and
-    /// plans when there is none. Without grad (`no_grad`, inference), and inside the
-    /// recompute of an enclosing checkpoint when nothing is cached, it does not profile
-    /// and runs the chain as one plain segment.
-    ///
-    /// # Errors
-    ///
-    /// As [`Schedule::check`], `profile` and [`ChainCost::plan`]
-    /// ([`CkptError::BudgetTooSmall`]).
-    pub fn ranges(
-        &self,
-        len: usize,
-        input: &Tensor,
-        train: Option<bool>,
-        profile: impl FnOnce() -> Result<ChainCost, CkptError>,
-    ) -> Result<Vec<Range<usize>>, CkptError> {
-        if let Some(r) = self.schedule.fixed_ranges(len)? {
-            return Ok(r);
-        }
-        if !crate::ffi::grad_enabled() {
-            return Ok(ckpt_budget::cut_ranges(&[], len));
-        }
-        let key = InputKey::new(input, train);
-        if let Some(plan) = lock(&self.plans).get(&key)
-            && plan.len() == len
-        {
-            return Ok(plan.ranges());
-        }
-        if crate::ffi::is_recomputing() && !lock(&self.profiles).contains_key(&key) {
-            return Ok(ckpt_budget::cut_ranges(&[], len));
-        }
-        Ok(self.plan(len, input, train, profile)?.ranges())
-    }
-
-    /// The plan of the current schedule for inputs like `input`: for an auto schedule
-    /// the planner's (cached), for a fixed one its cuts evaluated on the profile. Profiles
-    /// on first sight of the input (with grad, whatever the caller's mode).
-    ///
-    /// # Errors
-    ///
-    /// As [`ModelPlans::ranges`].
-    pub fn plan(
-        &self,
-        len: usize,
-        input: &Tensor,
-        train: Option<bool>,
-        profile: impl FnOnce() -> Result<ChainCost, CkptError>,
-    ) -> Result<Plan, CkptError> {
-        let key = InputKey::new(input, train);
-        if let Schedule::Auto(_) = self.schedule
-            && let Some(plan) = lock(&self.plans).get(&key)
-            && plan.len() == len
-        {
-            return Ok(plan.clone());
-        }
-        let cached = lock(&self.profiles).get(&key).cloned();
-        let costs = match cached {
-            Some(c) if c.len() == len => c,
-            _ => {
-                let c = profile()?;
-                if c.len() != len {
-                    return Err(CkptError::InvalidArgument(format!(
-                        "the profile has {} stages, the chain {len}",
-                        c.len()
-                    )));
-                }
-                lock(&self.profiles).insert(key.clone(), c.clone());
-                c
-            }
-        };
-        match &self.schedule {
-            Schedule::Auto(objective) => {
-                let plan = costs.plan(objective)?;
-                lock(&self.plans).insert(key, plan.clone());
-                Ok(plan)
-            }
-            fixed => {
-                let ranges = fixed.fixed_ranges(len)?.expect("a fixed schedule");
-                let cuts: Vec<usize> = ranges[1..].iter().map(|r| r.start).collect();
-                costs.evaluate(&cuts)
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,14 +151,5 @@ mod tests {
                 "{bad:?}"
             );
         }
-    }
-
-    #[test]
-    fn set_keeps_the_old_schedule_on_error() {
-        let mut p = ModelPlans::new(Schedule::Segments(2));
-        assert!(p.set(Schedule::Cuts(vec![4, 2]), 6).is_err());
-        assert_eq!(p.schedule(), &Schedule::Segments(2));
-        p.set(Schedule::Auto(Objective::MinPeak), 6).unwrap();
-        assert_eq!(p.schedule(), &Schedule::Auto(Objective::MinPeak));
     }
 }
