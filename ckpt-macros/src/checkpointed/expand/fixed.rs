@@ -14,6 +14,22 @@ use crate::checkpointed::analysis::{Group as SegmentGroup, Plan};
 use crate::checkpointed::parse::Function;
 use crate::shared::mixed;
 
+/// What both fixed layouts start with: the function's head, its hoisted items, and the
+/// names of the options and the shared `self` with the prelude that binds them for the
+/// checkpointed `groups`.
+fn start(
+    func: &Function,
+    args: &Args,
+    plan: &Plan,
+    groups: &[SegmentGroup],
+) -> (TokenStream, Vec<syn::Stmt>, Ident, Ident, TokenStream) {
+    let options = mixed("__ckpt_options");
+    let shared_self = mixed("__ckpt_shared_self");
+    let prelude = prelude(args, plan, groups, &options, &shared_self);
+    let items = plan.items.iter().map(|s| emit_stmt(s, false)).collect();
+    (head(func), items, options, shared_self, prelude)
+}
+
 /// Groups fixed at compile time: each checkpointed group is a closure run through
 /// `::ckpt::__private::segment`; the last group stays inline.
 pub(super) fn expand_static(
@@ -22,19 +38,9 @@ pub(super) fn expand_static(
     plan: &Plan,
     warn: &TokenStream,
 ) -> TokenStream {
-    let head = head(func);
     let count = plan.groups.len();
-    let items = plan.items.iter().map(|s| emit_stmt(s, false));
-
-    let options = mixed("__ckpt_options");
-    let shared_self = mixed("__ckpt_shared_self");
-    let prelude = prelude(
-        args,
-        plan,
-        &plan.groups[..count - 1],
-        &options,
-        &shared_self,
-    );
+    let (head, items, options, shared_self, prelude) =
+        start(func, args, plan, &plan.groups[..count - 1]);
 
     let segments = plan.groups[..count - 1]
         .iter()
@@ -64,11 +70,7 @@ pub(super) fn expand_whole(
     plan: &Plan,
     warn: &TokenStream,
 ) -> TokenStream {
-    let head = head(func);
-    let items = plan.items.iter().map(|s| emit_stmt(s, false));
-    let options = mixed("__ckpt_options");
-    let shared_self = mixed("__ckpt_shared_self");
-    let prelude = prelude(args, plan, &plan.groups, &options, &shared_self);
+    let (head, items, options, shared_self, prelude) = start(func, args, plan, &plan.groups);
     let group = &plan.groups[0];
     let name = segment_name_tokens(func, plan, 0, 1, group);
     let inputs = SegmentInputs::new(func, group);
