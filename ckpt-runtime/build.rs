@@ -1,6 +1,7 @@
 //! Compiles the C++ beside the Rust (`csrc/`) against the libtorch that `torch-sys`
-//! found, with the same flags: `ckpt.cpp` (the autograd node, the counting CPU
-//! allocator, autocast state), `rng.cpp` (generator snapshots), `buffers.cpp` (batch
+//! found, with the same flags: `ckpt.cpp` (the autograd node), `memory.cpp` (the
+//! counting CPU allocator, CUDA statistics), `state.cpp` (the C API of generator and
+//! autocast state), `rng.cpp` (generator snapshots), `buffers.cpp` (batch
 //! norm statistics frozen in recomputes), `policy.cpp` (selective checkpointing),
 //! `params.cpp` (captured parameters as inputs of the node), and, as a library of its
 //! own with Gloo's headers, `dist.cpp` (the c10d binding of `ckpt::dist`). With the
@@ -11,14 +12,16 @@ use std::env;
 use std::path::PathBuf;
 
 /// The translation units, and the headers they share.
-const SOURCES: [&str; 5] = [
+const SOURCES: [&str; 7] = [
     "csrc/ckpt.cpp",
+    "csrc/memory.cpp",
+    "csrc/state.cpp",
     "csrc/rng.cpp",
     "csrc/buffers.cpp",
     "csrc/policy.cpp",
     "csrc/params.cpp",
 ];
-const HEADERS: [&str; 2] = ["csrc/extra.h", "csrc/policy.h"];
+const HEADERS: [&str; 3] = ["csrc/common.h", "csrc/extra.h", "csrc/policy.h"];
 
 fn main() {
     for file in SOURCES

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use ckpt::{ShallowClone, Shared, checkpointed};
+use ckpt_models::resnet::ResNet18;
 use tch::nn::{self, ModuleT, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
@@ -102,96 +103,6 @@ fn inputs(shape: &[i64], steps: usize) -> Vec<Tensor> {
 /// A VarStore holding a copy of `vs`'s variables, for a second model built the same way.
 fn copy_into(target: &mut nn::VarStore, source: &nn::VarStore) {
     target.copy(source).unwrap();
-}
-
-// ---------------------------------------------------------------------------------------
-// ResNet-18 as `tch::vision::resnet` builds it: blocks are closures (`nn::func_t`), a
-// layer group is an `nn::seq_t` of them. The four groups are the checkpointed segments.
-
-fn conv2d(p: nn::Path, c_in: i64, c_out: i64, ksize: i64, padding: i64, stride: i64) -> nn::Conv2D {
-    let cfg = nn::ConvConfig {
-        stride,
-        padding,
-        bias: false,
-        ..Default::default()
-    };
-    nn::conv2d(p, c_in, c_out, ksize, cfg)
-}
-
-fn downsample(p: nn::Path, c_in: i64, c_out: i64, stride: i64) -> impl ModuleT + use<> {
-    if stride != 1 || c_in != c_out {
-        nn::seq_t()
-            .add(conv2d(&p / "0", c_in, c_out, 1, 0, stride))
-            .add(nn::batch_norm2d(&p / "1", c_out, Default::default()))
-    } else {
-        nn::seq_t()
-    }
-}
-
-fn basic_block(p: nn::Path, c_in: i64, c_out: i64, stride: i64) -> impl ModuleT + use<> {
-    let conv1 = conv2d(&p / "conv1", c_in, c_out, 3, 1, stride);
-    let bn1 = nn::batch_norm2d(&p / "bn1", c_out, Default::default());
-    let conv2 = conv2d(&p / "conv2", c_out, c_out, 3, 1, 1);
-    let bn2 = nn::batch_norm2d(&p / "bn2", c_out, Default::default());
-    let downsample = downsample(&p / "downsample", c_in, c_out, stride);
-    nn::func_t(move |xs, train| {
-        let ys = xs
-            .apply(&conv1)
-            .apply_t(&bn1, train)
-            .relu()
-            .apply(&conv2)
-            .apply_t(&bn2, train);
-        (xs.apply_t(&downsample, train) + ys).relu()
-    })
-}
-
-fn basic_layer(p: nn::Path, c_in: i64, c_out: i64, stride: i64, cnt: i64) -> nn::SequentialT {
-    let mut layer = nn::seq_t().add(basic_block(&p / "0", c_in, c_out, stride));
-    for block_index in 1..cnt {
-        layer = layer.add(basic_block(&p / block_index, c_out, c_out, 1))
-    }
-    layer
-}
-
-struct ResNet18 {
-    conv1: nn::Conv2D,
-    bn1: nn::BatchNorm,
-    layers: Vec<Shared<nn::SequentialT>>,
-    fc: nn::Linear,
-}
-
-impl ResNet18 {
-    fn new(p: &nn::Path, nclasses: i64) -> Self {
-        ResNet18 {
-            conv1: conv2d(p / "conv1", 3, 64, 7, 3, 2),
-            bn1: nn::batch_norm2d(p / "bn1", 64, Default::default()),
-            layers: vec![
-                Shared::new(basic_layer(p / "layer1", 64, 64, 1, 2)),
-                Shared::new(basic_layer(p / "layer2", 64, 128, 2, 2)),
-                Shared::new(basic_layer(p / "layer3", 128, 256, 2, 2)),
-                Shared::new(basic_layer(p / "layer4", 256, 512, 2, 2)),
-            ],
-            fc: nn::linear(p / "fc", 512, nclasses, Default::default()),
-        }
-    }
-
-    /// tch's forward; with `checkpointed`, each layer group is a checkpointed segment.
-    fn forward_t(&self, xs: &Tensor, train: bool, checkpointed: bool) -> Tensor {
-        let mut xs = xs
-            .apply(&self.conv1)
-            .apply_t(&self.bn1, train)
-            .relu()
-            .max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
-        for layer in &self.layers {
-            xs = if checkpointed {
-                let layer = layer.shallow_clone();
-                ckpt::checkpoint(move |x: Tensor| layer.lock().forward_t(&x, train), xs)
-            } else {
-                layer.lock().forward_t(&xs, train)
-            };
-        }
-        xs.adaptive_avg_pool2d([1, 1]).flat_view().apply(&self.fc)
-    }
 }
 
 #[test]

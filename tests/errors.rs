@@ -323,26 +323,26 @@ fn f_functions_return_closure_panicked_with_or_without_grad() {
         let last = [Boom(false), Boom(false), Boom(false), Boom(true)];
         closure_panicked(
             run(&|| ckpt::f_checkpoint_sequential(&first, 2, &xs)),
-            "segment 1 of 2",
+            "checkpoint_sequential segment 1 of 2: stages 0..2, `modules[0]` to `modules[1]` (tests/errors.rs:",
         );
         closure_panicked(
             run(&|| ckpt::f_checkpoint_sequential(&last, 2, &xs)),
-            "segment 2 of 2 (modules 2..4, not checkpointed)",
+            "checkpoint_sequential segment 2 of 2: stages 2..4, `modules[2]` to `modules[3]` (tests/errors.rs:",
         );
         closure_panicked(
             run(&|| ckpt::plan::f_checkpoint_sequential_binomial(&last, 1, &xs)),
-            "checkpoint_sequential_binomial",
+            "checkpoint_sequential_binomial segment 2 of 2: stages 3..4, `modules[3]` to `modules[3]` (tests/errors.rs:",
         );
         closure_panicked(
             run(&|| ckpt::plan::f_checkpoint_sequential_binomial(&first, 1, &xs)),
-            "checkpoint_sequential_binomial",
+            "checkpoint_sequential_binomial segment 1 of 2: stages 0..3, `modules[0]` to `modules[2]` (tests/errors.rs:",
         );
         let plan = ckpt::plan::ChainCost::new(vec![Default::default(); 4], 0)
             .evaluate(&[2])
             .unwrap();
         closure_panicked(
             run(&|| ckpt::f_checkpoint_sequential_plan(&last, &plan, &xs)),
-            "not checkpointed",
+            "checkpoint_sequential segment 2 of 2: stages 2..4, `modules[2]` to `modules[3]` (tests/errors.rs:",
         );
         let probe = Tensor::ones([1], (Kind::Float, Device::Cpu)).set_requires_grad(true) * 2.0;
         assert!(probe.requires_grad(), "grad mode is on again");

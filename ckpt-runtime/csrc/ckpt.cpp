@@ -1,6 +1,6 @@
-// The C++ half of ckpt-runtime: a libtorch autograd node that recomputes a Rust
-// closure in backward, a counting wrapper around libtorch's CPU allocator, and the
-// CUDA caching allocator's statistics.
+// The C++ half of `ckpt::checkpoint`: a libtorch autograd node that recomputes a Rust
+// closure in backward (the counting CPU allocator and CUDA statistics are in
+// csrc/memory.cpp, the C API of generator and autocast state in csrc/state.cpp).
 //
 // Rules of this file:
 // - every `extern "C"` entry point catches every C++ exception and reports it through
@@ -23,6 +23,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
 
+#include "common.h"
 #include "policy.h"
 
 #include "extra.h"
@@ -37,6 +38,14 @@
 #include <string>
 #include <vector>
 
+using ckpt::AutocastState;
+using ckpt::check;
+using ckpt::cuda_present;
+using ckpt::current_exception_message;
+using ckpt::fail;
+using ckpt::install_counting_allocator;
+using ckpt::report;
+using ckpt::RngState;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -51,7 +60,6 @@ typedef int32_t (*ckpt_run_fn)(void* closure, int32_t recompute, tensor* inputs,
                                void* sink, void* fwd_ctx);
 typedef void (*ckpt_drop_fn)(void* closure);
 typedef void (*ckpt_push_fn)(void* ctx, tensor t);
-typedef void (*ckpt_msg_fn)(void* ctx, const char* msg, size_t len);
 
 // What one segment is made of, besides its closure (src/ffi.rs `SegmentSpec`).
 typedef struct {
@@ -67,108 +75,6 @@ typedef struct {
 }
 
 namespace {
-
-// Errors of this file are std::runtime_error with a plain message: libtorch's engine
-// carries them out of backward unchanged, and tch reports `what()`, so users see the
-// message without a C++ backtrace.
-template <typename... Args>
-[[noreturn]] void fail(const Args&... args) {
-  throw std::runtime_error(c10::str(args...));
-}
-
-template <typename... Args>
-void check(bool ok, const Args&... args) {
-  if (!ok) fail(args...);
-}
-
-std::string current_exception_message() {
-  try {
-    throw;
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown C++ exception";
-  }
-}
-
-void report(ckpt_msg_fn set_err, void* err_ctx, const std::string& msg) {
-  if (set_err != nullptr) {
-    set_err(err_ctx, msg.data(), msg.size());
-  }
-}
-
-// ---------------------------------------------------------------------------------
-// RNG and autocast state (decision 4)
-
-at::Tensor generator_state(at::Generator gen) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_generator_state(at::Generator gen, const at::Tensor& state) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
-bool cuda_present() {
-  try {
-    return at::globalContext().hasCUDA();
-  } catch (...) {
-    return false;
-  }
-}
-
-struct RngState {
-  at::Tensor cpu;  // undefined: the CPU generator is not saved
-  std::vector<std::pair<c10::DeviceIndex, at::Tensor>> cuda;
-
-  // The CPU generator (when `with_cpu`), plus the CUDA generators of `devices`.
-  static RngState capture(const std::set<c10::DeviceIndex>& devices, bool with_cpu = true) {
-    RngState s;
-    if (with_cpu) s.cpu = generator_state(at::detail::getDefaultCPUGenerator());
-    for (auto idx : devices) {
-      auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, idx));
-      s.cuda.emplace_back(idx, generator_state(gen));
-    }
-    return s;
-  }
-
-  void restore() const {
-    if (cpu.defined()) set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
-    for (const auto& [idx, st] : cuda) {
-      set_generator_state(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, idx)),
-                          st);
-    }
-  }
-};
-
-struct AutocastState {
-  bool cpu_enabled = false;
-  bool cuda_enabled = false;
-  at::ScalarType cpu_dtype = at::kBFloat16;
-  at::ScalarType cuda_dtype = at::kHalf;
-  bool cache_enabled = true;
-
-  static AutocastState capture() {
-    AutocastState s;
-    s.cpu_enabled = at::autocast::is_autocast_enabled(at::kCPU);
-    s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
-    s.cuda_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
-    s.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-    s.cache_enabled = at::autocast::is_autocast_cache_enabled();
-    return s;
-  }
-
-  void apply() const {
-    at::autocast::set_autocast_enabled(at::kCPU, cpu_enabled);
-    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
-    at::autocast::set_autocast_enabled(at::kCUDA, cuda_enabled);
-    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
-    at::autocast::set_autocast_cache_enabled(cache_enabled);
-  }
-};
 
 // ---------------------------------------------------------------------------------
 // The segment: the Rust closure and what forward recorded for its recompute.
@@ -591,91 +497,6 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
   }
 };
 
-// ---------------------------------------------------------------------------------
-// Counting CPU allocator (decision 7)
-
-std::atomic<int64_t> g_cpu_current{0};
-std::atomic<int64_t> g_cpu_peak{0};
-
-void bump_peak(int64_t now) {
-  int64_t peak = g_cpu_peak.load(std::memory_order_relaxed);
-  while (now > peak && !g_cpu_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-  }
-}
-
-// Each allocation carries a header in front of the data with its requested size, so the
-// data pointer doubles as the context (libtorch's `raw_allocate` requires such "simple"
-// pointers) and freeing needs no lookup. The header is one alignment unit long, so the
-// data keeps the wrapped allocator's alignment.
-constexpr size_t kHeader = c10::gAlignment > sizeof(int64_t) ? c10::gAlignment : sizeof(int64_t);
-
-c10::DeleterFnPtr g_inner_raw_delete = nullptr;
-
-void counted_delete(void* data) {
-  if (data == nullptr) return;
-  char* block = static_cast<char*>(data) - kHeader;
-  int64_t bytes;
-  std::memcpy(&bytes, block, sizeof(bytes));
-  g_cpu_current.fetch_sub(bytes, std::memory_order_relaxed);
-  g_inner_raw_delete(block);
-}
-
-struct CountingAllocator final : public c10::Allocator {
-  c10::Allocator* inner;
-  explicit CountingAllocator(c10::Allocator* a) : inner(a) {}
-
-  c10::DataPtr allocate(size_t n) override {
-    void* block = inner->raw_allocate(n + kHeader);
-    const int64_t bytes = static_cast<int64_t>(n);
-    std::memcpy(block, &bytes, sizeof(bytes));
-    void* data = static_cast<char*>(block) + kHeader;
-    const int64_t now = g_cpu_current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-    bump_peak(now);
-    return {data, data, &counted_delete, c10::Device(c10::DeviceType::CPU)};
-  }
-
-  c10::DeleterFnPtr raw_deleter() const override { return &counted_delete; }
-
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-};
-
-std::once_flag g_alloc_once;
-
-void install_counting_allocator() {
-  std::call_once(g_alloc_once, [] {
-    c10::Allocator* inner = c10::GetCPUAllocator();
-    // Only an allocator with plain (pointer == context) allocations can be wrapped this
-    // way; libtorch's default CPU allocator is one. Otherwise counting stays off.
-    if (inner->raw_deleter() == nullptr) return;
-    g_inner_raw_delete = inner->raw_deleter();
-    static CountingAllocator counting(inner);
-    // Priority above the default registration (0), so libtorch uses it from now on.
-    c10::SetCPUAllocator(&counting, /*priority=*/100);
-  });
-}
-
-// The allocator is swapped when the program loads, before any tensor op can run. A swap
-// later, while another thread is between a `raw_allocate` of the old allocator and the
-// matching `raw_deallocate` (some kernels pair them for scratch memory), would hand our
-// deleter a block it did not allocate. libc10's own static initialisers (which register
-// the default CPU allocator) run before this one, as it is a dependency of the binary.
-struct InstallAtLoad {
-  InstallAtLoad() {
-    try {
-      install_counting_allocator();
-    } catch (...) {
-      // Counting stays off; nothing else depends on it.
-    }
-  }
-};
-InstallAtLoad g_install_at_load;
-
-c10::DeviceAllocator* cuda_allocator() {
-  check(cuda_present(), "CUDA is not available (no CUDA device, or libtorch_cuda is not loaded)");
-  return c10::getDeviceAllocator(c10::DeviceType::CUDA);
-}
 
 }  // namespace
 
@@ -751,98 +572,5 @@ int32_t ckpt_grad_enabled() { return c10::GradMode::is_enabled() ? 1 : 0; }
 
 int64_t ckpt_live_segments() { return g_live_segments.load(); }
 
-void ckpt_memory_enable() {
-  try {
-    install_counting_allocator();
-  } catch (...) {
-  }
-}
-
-int64_t ckpt_cpu_current_bytes() { return g_cpu_current.load(); }
-
-int64_t ckpt_cpu_peak_bytes() { return g_cpu_peak.load(); }
-
-void ckpt_cpu_reset_peak() { g_cpu_peak.store(g_cpu_current.load()); }
-
-void ckpt_cpu_raise_peak(int64_t bytes) { bump_peak(bytes); }
-
-int32_t ckpt_cuda_memory(int32_t device, int64_t* current, int64_t* peak, void* err_ctx,
-                         ckpt_msg_fn set_err) {
-  try {
-    auto stats = cuda_allocator()->getDeviceStats(static_cast<c10::DeviceIndex>(device));
-    const auto& s =
-        stats.allocated_bytes[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
-    *current = s.current;
-    *peak = s.peak;
-    return 0;
-  } catch (...) {
-    report(set_err, err_ctx, current_exception_message());
-    return 1;
-  }
-}
-
-int32_t ckpt_cuda_reset_peak(int32_t device, void* err_ctx, ckpt_msg_fn set_err) {
-  try {
-    cuda_allocator()->resetPeakStats(static_cast<c10::DeviceIndex>(device));
-    return 0;
-  } catch (...) {
-    report(set_err, err_ctx, current_exception_message());
-    return 1;
-  }
-}
-
-int32_t ckpt_cuda_available() { return cuda_present() ? 1 : 0; }
-
-// Saves the CPU generator's state and, where CUDA is present, every CUDA generator's
-// (torch.random.fork_rng); `ckpt_rng_restore` puts them back and frees the copy.
-// Returns null on failure (nothing to restore then).
-void* ckpt_rng_save() {
-  try {
-    std::set<c10::DeviceIndex> devices;
-    if (cuda_present()) {
-      const auto n = at::detail::getCUDAHooks().deviceCount();
-      for (c10::DeviceIndex i = 0; i < n; ++i) devices.insert(i);
-    }
-    return new RngState(RngState::capture(devices));
-  } catch (...) {
-    return nullptr;
-  }
-}
-
-void ckpt_rng_restore(void* state) {
-  if (state == nullptr) return;
-  auto* s = static_cast<RngState*>(state);
-  try {
-    s->restore();
-  } catch (...) {
-  }
-  delete s;
-}
-
-// Sets the autocast state of a device type (0 = CPU, 1 = CUDA); the previous state is
-// written to `prev_enabled` / `prev_dtype` (ScalarType codes).
-int32_t ckpt_autocast_set(int32_t device_type, int32_t enabled, int32_t dtype,
-                          int32_t* prev_enabled, int32_t* prev_dtype, void* err_ctx,
-                          ckpt_msg_fn set_err) {
-  try {
-    const at::DeviceType dt = device_type == 1 ? at::kCUDA : at::kCPU;
-    *prev_enabled = at::autocast::is_autocast_enabled(dt) ? 1 : 0;
-    *prev_dtype = static_cast<int32_t>(at::autocast::get_autocast_dtype(dt));
-    at::autocast::set_autocast_dtype(dt, static_cast<at::ScalarType>(dtype));
-    at::autocast::set_autocast_enabled(dt, enabled != 0);
-    return 0;
-  } catch (...) {
-    report(set_err, err_ctx, current_exception_message());
-    return 1;
-  }
-}
-
-// torch.autocast's nesting count: the cast cache is cleared when the outermost region
-// ends.
-void ckpt_autocast_enter() { at::autocast::increment_nesting(); }
-
-void ckpt_autocast_exit() {
-  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-}
 
 }  // extern "C"

@@ -18,10 +18,10 @@
 
 pub mod amp;
 mod checkpoint;
+mod contract;
 pub mod dist;
 mod error;
 mod ffi;
-mod macro_support;
 pub mod memory;
 pub mod plan;
 mod sequential;
@@ -51,11 +51,10 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// What generated code calls (the `contract` module between the macros and the runtime),
+/// re-exported by `ckpt::__private`; not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::checkpoint::run as run_segment;
-    pub use crate::macro_support::*;
-    pub use crate::plan::__private::*;
-    pub use crate::plan::ModelPlans;
+    pub use crate::contract::*;
     pub use crate::{CheckpointOptions, ShallowClone, Shared, Stash};
 }

@@ -1,11 +1,13 @@
 //! [`checkpoint_sequential`]: checkpoint a chain of modules in segments.
 
 use std::ops::Range;
+use std::panic::Location;
 
 use tch::Tensor;
 use tch::nn::{Module, ModuleT};
 
 use crate::checkpoint::{self, CheckpointOptions, Policy};
+use crate::contract::module_segment_name;
 use crate::{CkptError, ShallowClone};
 
 /// How [`checkpoint_sequential`] cuts `len` modules into `segments` groups, as PyTorch's
@@ -59,6 +61,7 @@ pub fn sequential_segments(len: usize, segments: usize) -> Result<Vec<Range<usiz
 /// # Panics
 ///
 /// When [`f_checkpoint_sequential`] returns an error.
+#[track_caller]
 pub fn checkpoint_sequential<M>(modules: &[M], segments: usize, input: &Tensor) -> Tensor
 where
     M: Module + ShallowClone + 'static,
@@ -73,6 +76,7 @@ where
 /// [`CkptError::InvalidArgument`] for `segments = 0`; as [`crate::f_checkpoint`] for a
 /// failing module ([`CkptError::ClosurePanicked`] when a module panics, in a
 /// checkpointed group or in the last, plain one, with or without grad).
+#[track_caller]
 pub fn f_checkpoint_sequential<M>(
     modules: &[M],
     segments: usize,
@@ -93,6 +97,7 @@ where
 /// # Panics
 ///
 /// When [`f_checkpoint_sequential_t`] returns an error.
+#[track_caller]
 pub fn checkpoint_sequential_t<M>(
     modules: &[M],
     segments: usize,
@@ -110,6 +115,7 @@ where
 /// # Errors
 ///
 /// As [`f_checkpoint_sequential`].
+#[track_caller]
 pub fn f_checkpoint_sequential_t<M>(
     modules: &[M],
     segments: usize,
@@ -129,7 +135,9 @@ where
 /// `0..modules.len()`, at least one): every range but the last is a checkpointed
 /// segment, the last runs plainly. [`sequential_segments`] and the planner
 /// (`crate::plan`) make the ranges; checkpointed segment `k` runs with `policies[k]`
-/// (full recompute where `policies` has no entry).
+/// (full recompute where `policies` has no entry). Segments are named by
+/// `module_segment_name`, at the caller's location.
+#[track_caller]
 pub(crate) fn run_chain<M, G>(
     modules: &[M],
     ranges: &[Range<usize>],
@@ -141,6 +149,10 @@ where
     M: ShallowClone + Send + 'static,
     G: Fn(&M, &Tensor) -> Tensor + Copy + Send + 'static,
 {
+    let at = Location::caller();
+    let name = |k: usize, range: &Range<usize>| {
+        module_segment_name("checkpoint_sequential", k, ranges.len(), range, at)
+    };
     let (last, checkpointed) = ranges.split_last().expect("at least one group");
     let mut xs = input.shallow_clone();
     for (k, range) in checkpointed.iter().enumerate() {
@@ -153,25 +165,18 @@ where
         let options = CheckpointOptions::new()
             .parameters_of(&group)
             .policy(policy);
-        let name = format!(
-            "checkpoint_sequential segment {} of {} (modules {}..{})",
-            k + 1,
-            ranges.len(),
-            range.start,
-            range.end
-        );
-        xs = checkpoint::run(&options, name, move |x: Tensor| chain(&group, x, step), xs)?;
+        let segment = name(k, range);
+        xs = checkpoint::run(
+            &options,
+            segment,
+            move |x: Tensor| chain(&group, x, step),
+            xs,
+        )?;
     }
-    let segment = || {
-        format!(
-            "checkpoint_sequential segment {} of {} (modules {}..{}, not checkpointed)",
-            ranges.len(),
-            ranges.len(),
-            last.start,
-            last.end
-        )
-    };
-    checkpoint::run_plain(segment, || chain(&modules[last.clone()], xs, step))
+    checkpoint::run_plain(
+        || name(checkpointed.len(), last),
+        || chain(&modules[last.clone()], xs, step),
+    )
 }
 
 /// Runs `xs` through `modules` one after the other.

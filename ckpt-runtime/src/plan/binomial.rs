@@ -3,10 +3,14 @@
 //! `s` inputs, at the price of recomputing each stage up to `r` times, where `r` is the
 //! least number with `C(s + r, s) >= L`.
 
+use std::ops::Range;
+use std::panic::Location;
+
 use tch::Tensor;
 use tch::nn::{Module, ModuleT};
 
 use crate::checkpoint::{self, CheckpointOptions};
+use crate::contract::module_segment_name;
 use crate::sequential::chain;
 use crate::{CkptError, ShallowClone};
 
@@ -78,6 +82,7 @@ pub fn binomial_repetitions(len: usize, snapshots: usize) -> Option<usize> {
 /// # Panics
 ///
 /// When [`f_checkpoint_sequential_binomial`] returns an error.
+#[track_caller]
 pub fn checkpoint_sequential_binomial<M>(modules: &[M], snapshots: usize, input: &Tensor) -> Tensor
 where
     M: Module + ShallowClone + 'static,
@@ -91,6 +96,7 @@ where
 ///
 /// [`CkptError::InvalidArgument`] for `snapshots = 0` with more than one module; as
 /// [`crate::f_checkpoint`] for a failing module.
+#[track_caller]
 pub fn f_checkpoint_sequential_binomial<M>(
     modules: &[M],
     snapshots: usize,
@@ -106,6 +112,7 @@ where
         0,
         input.shallow_clone(),
         |m: &M, xs: &Tensor| m.forward(xs),
+        Location::caller(),
     )
 }
 
@@ -114,6 +121,7 @@ where
 /// # Panics
 ///
 /// When [`f_checkpoint_sequential_binomial_t`] returns an error.
+#[track_caller]
 pub fn checkpoint_sequential_binomial_t<M>(
     modules: &[M],
     snapshots: usize,
@@ -132,6 +140,7 @@ where
 /// # Errors
 ///
 /// As [`f_checkpoint_sequential_binomial`].
+#[track_caller]
 pub fn f_checkpoint_sequential_binomial_t<M>(
     modules: &[M],
     snapshots: usize,
@@ -148,6 +157,7 @@ where
         0,
         input.shallow_clone(),
         move |m: &M, xs: &Tensor| m.forward_t(xs, train),
+        Location::caller(),
     )
 }
 
@@ -160,46 +170,65 @@ fn check(len: usize, snapshots: usize) -> Result<(), CkptError> {
     Ok(())
 }
 
-/// The schedule of the function docs on `modules` (stage indices offset by `offset`, for
-/// segment names).
+/// The segments of one level of the schedule of the function docs on `n` stages with
+/// `snapshots` stashes: each checkpointed segment takes the first `m` stages of what is
+/// left and one stash fewer for the rest; the last range runs plainly.
+fn level_ranges(n: usize, snapshots: usize) -> Vec<Range<usize>> {
+    let (mut ranges, mut start, mut s) = (Vec::new(), 0, snapshots);
+    while let Some(r) = binomial_repetitions(n - start, s).filter(|&r| r > 0) {
+        let m = (n - start)
+            .saturating_sub(binomial_capacity(s - 1, r))
+            .max(1);
+        ranges.push(start..start + m);
+        start += m;
+        s -= 1;
+    }
+    ranges.push(start..n);
+    ranges
+}
+
+/// Runs the schedule of the function docs on `modules` (stage indices offset by
+/// `offset`, for segment names at `at`): each checkpointed segment of
+/// [`level_ranges`] replays its stages with the same schedule, one level down.
 fn run<M, G>(
     modules: &[M],
     snapshots: usize,
     offset: usize,
     xs: Tensor,
     step: G,
+    at: &'static Location<'static>,
 ) -> Result<Tensor, CkptError>
 where
     M: ShallowClone + Send + 'static,
     G: Fn(&M, &Tensor) -> Tensor + Copy + Send + 'static,
 {
-    let n = modules.len();
-    let Some(r) = binomial_repetitions(n, snapshots).filter(|&r| r > 0) else {
-        let segment = || {
-            format!(
-                "checkpoint_sequential_binomial modules {offset}..{} (not checkpointed)",
-                offset + n
-            )
-        };
-        return checkpoint::run_plain(segment, || chain(modules, xs, step));
+    let ranges = level_ranges(modules.len(), snapshots);
+    let name = |k: usize, range: &Range<usize>| {
+        let stages = range.start + offset..range.end + offset;
+        module_segment_name(FUNCTION, k, ranges.len(), &stages, at)
     };
-    let m = n.saturating_sub(binomial_capacity(snapshots - 1, r)).max(1);
-    let group: Vec<M> = modules[..m]
-        .iter()
-        .map(ShallowClone::shallow_clone)
-        .collect();
-    let name = format!(
-        "checkpoint_sequential_binomial segment (modules {offset}..{}, {snapshots} stashes, {r} recomputes)",
-        offset + m
-    );
-    let ys = checkpoint::run(
-        &CheckpointOptions::new(),
-        name,
-        move |x: Tensor| run(&group, snapshots, offset, x, step).unwrap_or_else(|e| panic!("{e}")),
-        xs,
-    )?;
-    run(&modules[m..], snapshots - 1, offset + m, ys, step)
+    let (last, checkpointed) = ranges.split_last().expect("at least one range");
+    let mut xs = xs;
+    for (k, range) in checkpointed.iter().enumerate() {
+        let group: Vec<M> = modules[range.clone()]
+            .iter()
+            .map(ShallowClone::shallow_clone)
+            .collect();
+        let (s, start) = (snapshots - k, offset + range.start);
+        xs = checkpoint::run(
+            &CheckpointOptions::new(),
+            name(k, range),
+            move |x: Tensor| run(&group, s, start, x, step, at).unwrap_or_else(|e| panic!("{e}")),
+            xs,
+        )?;
+    }
+    checkpoint::run_plain(
+        || name(checkpointed.len(), last),
+        || chain(&modules[last.clone()], xs, step),
+    )
 }
+
+const FUNCTION: &str = "checkpoint_sequential_binomial";
 
 #[cfg(test)]
 mod tests {

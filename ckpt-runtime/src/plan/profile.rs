@@ -385,6 +385,7 @@ fn check_len(modules: usize, plan: &Plan) -> Result<(), CkptError> {
 /// # Panics
 ///
 /// When [`f_checkpoint_sequential_plan`] returns an error.
+#[track_caller]
 pub fn checkpoint_sequential_plan<M>(modules: &[M], plan: &Plan, input: &Tensor) -> Tensor
 where
     M: Module + ShallowClone + 'static,
@@ -398,6 +399,7 @@ where
 ///
 /// [`CkptError::InvalidArgument`] when the plan is for a chain of another length; as
 /// [`crate::f_checkpoint`] for a failing module.
+#[track_caller]
 pub fn f_checkpoint_sequential_plan<M>(
     modules: &[M],
     plan: &Plan,
@@ -421,6 +423,7 @@ where
 /// # Panics
 ///
 /// When [`f_checkpoint_sequential_plan_t`] returns an error.
+#[track_caller]
 pub fn checkpoint_sequential_plan_t<M>(
     modules: &[M],
     plan: &Plan,
@@ -438,6 +441,7 @@ where
 /// # Errors
 ///
 /// As [`f_checkpoint_sequential_plan`].
+#[track_caller]
 pub fn f_checkpoint_sequential_plan_t<M>(
     modules: &[M],
     plan: &Plan,
@@ -591,6 +595,7 @@ impl SequentialPlanner {
     /// # Panics
     ///
     /// When [`SequentialPlanner::f_forward`] returns an error.
+    #[track_caller]
     pub fn forward<M>(&mut self, modules: &[M], input: &Tensor) -> Tensor
     where
         M: Module + ShallowClone + 'static,
@@ -604,6 +609,7 @@ impl SequentialPlanner {
     /// # Errors
     ///
     /// As [`SequentialPlanner::f_plan`] and [`f_checkpoint_sequential_plan`].
+    #[track_caller]
     pub fn f_forward<M>(&mut self, modules: &[M], input: &Tensor) -> Result<Tensor, CkptError>
     where
         M: Module + ShallowClone + 'static,
@@ -622,6 +628,7 @@ impl SequentialPlanner {
     /// # Panics
     ///
     /// When [`SequentialPlanner::f_forward_t`] returns an error.
+    #[track_caller]
     pub fn forward_t<M>(&mut self, modules: &[M], input: &Tensor, train: bool) -> Tensor
     where
         M: ModuleT + ShallowClone + 'static,
@@ -635,6 +642,7 @@ impl SequentialPlanner {
     /// # Errors
     ///
     /// As [`SequentialPlanner::f_forward`].
+    #[track_caller]
     pub fn f_forward_t<M>(
         &mut self,
         modules: &[M],

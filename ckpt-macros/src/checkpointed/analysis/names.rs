@@ -65,6 +65,9 @@ pub(super) fn mutating_arity(method: &str, args: usize) -> bool {
 /// Crates of randomness outside libtorch (rule `rng`): a path through them, or the
 /// crate's name inside a macro, draws numbers a recompute would not draw again.
 pub(super) const RNG_CRATES: &[&str] = &["rand", "fastrand", "getrandom"];
+/// Functions of those crates that are randomness under their bare name too, imported by
+/// `use` (`use rand::thread_rng; thread_rng()`), in a path or a macro (rule `rng`).
+pub(super) const RNG_FUNCTIONS: &[&str] = &["thread_rng"];
 /// Methods of a random generator outside libtorch (`rand`'s `Rng`, `RngCore`,
 /// `SliceRandom`) called on a generator from outside the segment (rule `rng`).
 pub(super) const RNG_METHODS: &[&str] = &[

@@ -11,8 +11,8 @@ use syn::Expr;
 
 use super::alias::{AliasKind, Reach, path_string};
 use super::names::{
-    COLLECTION_METHODS, INTERIOR_METHODS, IO_MACROS, RNG_CRATES, RNG_METHODS, is_inplace_name,
-    mutating_arity,
+    COLLECTION_METHODS, INTERIOR_METHODS, IO_MACROS, RNG_CRATES, RNG_FUNCTIONS, RNG_METHODS,
+    is_inplace_name, mutating_arity,
 };
 use super::walker::Walker;
 use crate::checkpointed::layout::Layout;
@@ -170,12 +170,16 @@ impl Walker<'_> {
         }
     }
 
-    /// Rule `rng`: a path through a crate of randomness outside libtorch, or `thread_rng`.
+    /// Rule `rng`: a path through a crate of randomness outside libtorch, or one of its
+    /// functions under a bare name ([`RNG_FUNCTIONS`]: `thread_rng`, imported by `use`).
     pub(super) fn check_rng_path(&mut self, path: &syn::Path) {
         let first = path.segments.first().map(|s| s.ident.to_string());
         let hit = (path.segments.len() > 1
             && first.as_deref().is_some_and(|f| RNG_CRATES.contains(&f)))
-            || path.segments.iter().any(|s| s.ident == "thread_rng");
+            || path
+                .segments
+                .iter()
+                .any(|s| RNG_FUNCTIONS.iter().any(|f| s.ident == f));
         if hit {
             let message = format!(
                 "`{}` is randomness outside libtorch: the recompute of {} in backward would draw different numbers (`preserve_rng_state` covers libtorch's generators only); use libtorch's random ops (`Tensor::rand`, `dropout`), or lift the rule with `#[ckpt::allow(rng)]`",
@@ -222,9 +226,7 @@ impl Walker<'_> {
                 {
                     self.control_flow(mac, "`return` (inside a macro)");
                 }
-                TokenTree::Ident(id)
-                    if id == "thread_rng" || RNG_CRATES.iter().any(|c| id == c) =>
-                {
+                TokenTree::Ident(id) if RNG_FUNCTIONS.iter().chain(RNG_CRATES).any(|c| id == c) => {
                     let message = format!(
                         "`{id}` is randomness outside libtorch: the recompute of {} in backward would draw different numbers; use libtorch's random ops, or lift the rule with `#[ckpt::allow(rng)]`",
                         self.segment

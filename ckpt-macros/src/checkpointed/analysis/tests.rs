@@ -291,6 +291,16 @@ fn randomness_outside_libtorch_is_flagged() {
         &errors(&[], quote!(let mut g = rand::thread_rng();)),
         &["`rand::thread_rng` is randomness outside libtorch"],
     );
+    // Imported by `use rand::thread_rng;`: the bare name, called or passed on.
+    assert_one(
+        &errors(&[], quote!(let mut g = thread_rng();)),
+        &["`thread_rng` is randomness outside libtorch"],
+    );
+    assert_one(
+        &errors(&[], quote!(let g = make(thread_rng);)),
+        &["`thread_rng` is randomness outside libtorch"],
+    );
+    assert!(errors(&[], quote!(#[ckpt::allow(rng)] let mut g = thread_rng();)).is_empty());
     assert_one(
         &errors(&[("rng", LOCAL)], quote!(let i = rng.gen_range(0..3);)),
         &["`gen_range` on `rng` draws from a random generator outside libtorch"],

@@ -319,9 +319,8 @@ impl<'ast> Visit<'ast> for Walker<'_> {
         if e.qself.is_none() {
             if let Some(id) = e.path.get_ident() {
                 self.use_name(id.to_string(), id.span());
-            } else {
-                self.check_rng_path(&e.path);
             }
+            self.check_rng_path(&e.path);
         }
     }
 

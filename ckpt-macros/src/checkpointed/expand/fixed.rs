@@ -14,6 +14,22 @@ use crate::checkpointed::analysis::{Group as SegmentGroup, Plan};
 use crate::checkpointed::parse::Function;
 use crate::shared::mixed;
 
+/// What both fixed layouts start with: the function's head, its hoisted items, and the
+/// names of the options and the shared `self` with the prelude that binds them for the
+/// checkpointed `groups`.
+fn start(
+    func: &Function,
+    args: &Args,
+    plan: &Plan,
+    groups: &[SegmentGroup],
+) -> (TokenStream, Vec<syn::Stmt>, Ident, Ident, TokenStream) {
+    let options = mixed("__ckpt_options");
+    let shared_self = mixed("__ckpt_shared_self");
+    let prelude = prelude(args, plan, groups, &options, &shared_self);
+    let items = plan.items.iter().map(|s| emit_stmt(s, false)).collect();
+    (head(func), items, options, shared_self, prelude)
+}
+
 /// Groups fixed at compile time: each checkpointed group is a closure run through
 /// `::ckpt::__private::segment`; the last group and groups of `#[ckpt::keep]` statements
 /// stay inline, in order between them.
@@ -23,18 +39,13 @@ pub(super) fn expand_static(
     plan: &Plan,
     warn: &TokenStream,
 ) -> TokenStream {
-    let head = head(func);
-    let items = plan.items.iter().map(|s| emit_stmt(s, false));
-
-    let options = mixed("__ckpt_options");
-    let shared_self = mixed("__ckpt_shared_self");
     let checkpointed: Vec<SegmentGroup> = plan
         .groups
         .iter()
         .filter(|g| g.checkpointed)
         .cloned()
         .collect();
-    let prelude = prelude(args, plan, &checkpointed, &options, &shared_self);
+    let (head, items, options, shared_self, prelude) = start(func, args, plan, &checkpointed);
 
     let groups = plan.groups.iter().enumerate().map(|(g, group)| {
         if group.checkpointed {
@@ -65,11 +76,7 @@ pub(super) fn expand_whole(
     plan: &Plan,
     warn: &TokenStream,
 ) -> TokenStream {
-    let head = head(func);
-    let items = plan.items.iter().map(|s| emit_stmt(s, false));
-    let options = mixed("__ckpt_options");
-    let shared_self = mixed("__ckpt_shared_self");
-    let prelude = prelude(args, plan, &plan.groups, &options, &shared_self);
+    let (head, items, options, shared_self, prelude) = start(func, args, plan, &plan.groups);
     let group = &plan.groups[0];
     let name = segment_name_tokens(func, plan, 0, 1, group);
     let inputs = SegmentInputs::new(func, group);

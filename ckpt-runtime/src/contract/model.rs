@@ -1,0 +1,255 @@
+//! The state a checkpointed `model!` model keeps for its schedule ([`ModelPlans`]: the
+//! declared schedule, profiles and plans cached per input), and the profile of its stages.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use tch::Tensor;
+
+use crate::plan::{ChainCost, InputKey, PLANNED_POLICIES, Plan, Schedule};
+use crate::{CheckpointOptions, CkptError, Policy, lock};
+
+/// The state of a checkpointed `model!` model (a hidden field): its [`Schedule`], and
+/// the profiles and auto plans cached per input (size, dtype, device, train flag). A
+/// clone shares the caches (shallow clones of the model are taken every forward call);
+/// profiles do not depend on the schedule and survive a change of it, plans do not.
+#[derive(Debug, Clone)]
+pub struct ModelPlans {
+    schedule: Schedule,
+    policy: Policy,
+    /// Whether the policy was declared or set (`policy = ..`, `set_policy`): then the
+    /// planner plans for it instead of choosing one per segment.
+    policy_fixed: bool,
+    profiles: Arc<Mutex<HashMap<InputKey, ChainCost>>>,
+    plans: Arc<Mutex<HashMap<InputKey, Plan>>>,
+}
+
+impl ModelPlans {
+    /// The state for a declared schedule (checked by the macro).
+    pub fn new(schedule: Schedule) -> Self {
+        ModelPlans {
+            schedule,
+            policy: Policy::RECOMPUTE_ALL,
+            policy_fixed: false,
+            profiles: Arc::default(),
+            plans: Arc::default(),
+        }
+    }
+
+    /// The state with a declared selective-checkpointing policy (fixed: the planner
+    /// does not choose another).
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self.policy_fixed = true;
+        self
+    }
+
+    /// What each checkpointed segment keeps from its forward, when declared or set;
+    /// [`Policy::RECOMPUTE_ALL`] otherwise (an auto schedule then chooses per segment:
+    /// [`Plan::policies`]).
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// Sets what each checkpointed segment keeps from its forward, for every segment
+    /// (the planner no longer chooses); forgets the plans, which depend on it.
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
+        self.policy_fixed = true;
+        self.plans = Arc::default();
+    }
+
+    /// The policies an auto schedule chooses from: the fixed one when it is one the
+    /// planner models (else full recompute: the cuts are planned for that), all of
+    /// [`PLANNED_POLICIES`] when none was fixed.
+    fn allowed(&self) -> Vec<Policy> {
+        if !self.policy_fixed {
+            PLANNED_POLICIES.to_vec()
+        } else if PLANNED_POLICIES.contains(&self.policy) {
+            vec![self.policy]
+        } else {
+            vec![Policy::RECOMPUTE_ALL]
+        }
+    }
+
+    /// [`ModelPlans::ranges`] with the policy of each checkpointed segment (one per
+    /// range but the last): the fixed policy, or for an auto schedule without one the
+    /// plan's choice.
+    ///
+    /// # Errors
+    ///
+    /// As [`ModelPlans::ranges`].
+    pub fn segments(
+        &self,
+        len: usize,
+        input: &Tensor,
+        train: Option<bool>,
+        profile: impl FnOnce() -> Result<ChainCost, CkptError>,
+    ) -> Result<(Vec<Range<usize>>, Vec<Policy>), CkptError> {
+        let fixed = |ranges: Vec<Range<usize>>| {
+            let n = ranges.len().saturating_sub(1);
+            (ranges, vec![self.policy; n])
+        };
+        if self.policy_fixed || !matches!(self.schedule, Schedule::Auto(_)) {
+            return self.ranges(len, input, train, profile).map(fixed);
+        }
+        if !crate::ffi::grad_enabled() {
+            return Ok(fixed(ckpt_budget::cut_ranges(&[], len)));
+        }
+        let key = InputKey::new(input, train);
+        if let Some(plan) = lock(&self.plans).get(&key)
+            && plan.len() == len
+        {
+            return Ok((plan.ranges(), plan.policies().to_vec()));
+        }
+        if crate::ffi::is_recomputing() && !lock(&self.profiles).contains_key(&key) {
+            return Ok(fixed(ckpt_budget::cut_ranges(&[], len)));
+        }
+        let plan = self.plan(len, input, train, profile)?;
+        Ok((plan.ranges(), plan.policies().to_vec()))
+    }
+
+    /// The current schedule.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Replaces the schedule after checking it for a chain of `len` stages; forgets the
+    /// plans (not the profiles).
+    ///
+    /// # Errors
+    ///
+    /// As [`Schedule::check`]; the schedule is unchanged then.
+    pub fn set(&mut self, schedule: Schedule, len: usize) -> Result<(), CkptError> {
+        schedule.check(len)?;
+        self.schedule = schedule;
+        self.plans = Arc::default();
+        Ok(())
+    }
+
+    /// Forgets every cached profile and plan (the next training call profiles again).
+    pub fn clear(&self) {
+        lock(&self.profiles).clear();
+        lock(&self.plans).clear();
+    }
+
+    /// The segments of one forward call on `input`. Fixed schedules need nothing more;
+    /// an auto schedule uses the plan cached for the input, or profiles (`profile`) and
+    /// plans when there is none. Without grad (`no_grad`, inference), and inside the
+    /// recompute of an enclosing checkpoint when nothing is cached, it does not profile
+    /// and runs the chain as one plain segment.
+    ///
+    /// # Errors
+    ///
+    /// As [`Schedule::check`], `profile` and [`ChainCost::plan`]
+    /// ([`CkptError::BudgetTooSmall`]).
+    pub fn ranges(
+        &self,
+        len: usize,
+        input: &Tensor,
+        train: Option<bool>,
+        profile: impl FnOnce() -> Result<ChainCost, CkptError>,
+    ) -> Result<Vec<Range<usize>>, CkptError> {
+        if let Some(r) = self.schedule.fixed_ranges(len)? {
+            return Ok(r);
+        }
+        if !crate::ffi::grad_enabled() {
+            return Ok(ckpt_budget::cut_ranges(&[], len));
+        }
+        let key = InputKey::new(input, train);
+        if let Some(plan) = lock(&self.plans).get(&key)
+            && plan.len() == len
+        {
+            return Ok(plan.ranges());
+        }
+        if crate::ffi::is_recomputing() && !lock(&self.profiles).contains_key(&key) {
+            return Ok(ckpt_budget::cut_ranges(&[], len));
+        }
+        Ok(self.plan(len, input, train, profile)?.ranges())
+    }
+
+    /// The plan of the current schedule for inputs like `input`: for an auto schedule
+    /// the planner's (cached), for a fixed one its cuts evaluated on the profile. Profiles
+    /// on first sight of the input (with grad, whatever the caller's mode).
+    ///
+    /// # Errors
+    ///
+    /// As [`ModelPlans::ranges`].
+    pub fn plan(
+        &self,
+        len: usize,
+        input: &Tensor,
+        train: Option<bool>,
+        profile: impl FnOnce() -> Result<ChainCost, CkptError>,
+    ) -> Result<Plan, CkptError> {
+        let key = InputKey::new(input, train);
+        if let Schedule::Auto(_) = self.schedule
+            && let Some(plan) = lock(&self.plans).get(&key)
+            && plan.len() == len
+        {
+            return Ok(plan.clone());
+        }
+        let cached = lock(&self.profiles).get(&key).cloned();
+        let costs = match cached {
+            Some(c) if c.len() == len => c,
+            _ => {
+                let c = profile()?;
+                if c.len() != len {
+                    return Err(CkptError::InvalidArgument(format!(
+                        "the profile has {} stages, the chain {len}",
+                        c.len()
+                    )));
+                }
+                lock(&self.profiles).insert(key.clone(), c.clone());
+                c
+            }
+        };
+        match &self.schedule {
+            Schedule::Auto(objective) => {
+                let plan = costs.plan_with(objective, &self.allowed())?;
+                lock(&self.plans).insert(key, plan.clone());
+                Ok(plan)
+            }
+            fixed => {
+                let ranges = fixed.fixed_ranges(len)?.expect("a fixed schedule");
+                let cuts: Vec<usize> = ranges[1..].iter().map(|r| r.start).collect();
+                let policy = self.allowed()[0];
+                costs.evaluate_with_policies(&cuts, &vec![policy; cuts.len()])
+            }
+        }
+    }
+}
+
+/// [`profile_chain`](crate::plan::profile_chain) with the model's checkpoint options (the
+/// probe of what a checkpointed segment keeps follows `preserve_rng_state`).
+///
+/// # Errors
+///
+/// As [`f_profile_chain`](crate::plan::f_profile_chain).
+pub fn profile_stages<F>(
+    options: &CheckpointOptions,
+    len: usize,
+    input: &Tensor,
+    step: F,
+) -> Result<ChainCost, CkptError>
+where
+    F: FnMut(usize, &Tensor) -> Tensor,
+{
+    crate::plan::profile(options, len, input, step)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Objective;
+
+    #[test]
+    fn set_keeps_the_old_schedule_on_error() {
+        let mut p = ModelPlans::new(Schedule::Segments(2));
+        assert!(p.set(Schedule::Cuts(vec![4, 2]), 6).is_err());
+        assert_eq!(p.schedule(), &Schedule::Segments(2));
+        p.set(Schedule::Auto(Objective::MinPeak), 6).unwrap();
+        assert_eq!(p.schedule(), &Schedule::Auto(Objective::MinPeak));
+    }
+}
