@@ -605,8 +605,17 @@ impl Report {
              allocations in the same way, exactly.\n\
              - **Scaling** runs forward + backward only (no optimizer), `ckpt` alone, and fits \
              `peak ≈ c·L^a` by least squares on log-log.\n\
-             - Time figures are noisy on a shared 2-core machine (each is a median); byte figures \
-             repeat exactly.\n\
+             - Time figures are noisy on a shared 2-core machine (each is a median of one \
+             sequential pass); byte figures repeat exactly. **A time ratio is a claim only when \
+             its spread supports it**: re-run on a quiet machine, the ckpt / PyTorch ratios of \
+             this pass read 1.19 (seq 256) and 0.85 (seq 512). The frontier benchmark below \
+             alternates the sides in rounds and reports spreads; read its verdicts, not this \
+             table's ratios.\n\
+             - **Frontier.** `bench/frontier.sh` measures plain, full recompute (3 and 6 \
+             segments), selective checkpointing (the same policy on both sides: PyTorch's \
+             `create_selective_checkpoint_contexts`) and ckpt's planner at 30/50/70 % budgets \
+             on the seed transformer at seq 256 and 1024, in interleaved rounds: \
+             [FRONTIER.md](FRONTIER.md), `frontier.png`.\n\
              - **Data-parallel.** `bench/ddp_encoder.sh` compares `ckpt::dist`'s DDP with \
              PyTorch's on the encoder (2 processes x 1 thread, Gloo): [DDP.md](DDP.md).\n",
             date = self.date,

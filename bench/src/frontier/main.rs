@@ -59,6 +59,12 @@ struct RunArgs {
     /// Only the seq-256 configuration, 2 rounds, 1 + 2 steps: a smoke run.
     #[arg(long)]
     quick: bool,
+    /// Unmeasured steps a process (the first profiles the budget points' plans).
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Measured steps a process (a point's time in a round is their median).
+    #[arg(long, default_value_t = 2)]
+    steps: usize,
     /// Intra-op threads on both sides.
     #[arg(long, default_value_t = 2)]
     threads: i32,
@@ -90,7 +96,7 @@ struct Config {
     points: Vec<Point>,
 }
 
-fn configs(quick: bool) -> Vec<Config> {
+fn configs(quick: bool, warmup: usize, steps: usize) -> Vec<Config> {
     let points = |segments: &[usize]| {
         let mut p = vec![Point::Plain];
         p.extend(segments.iter().map(|&segments| Point::Full { segments }));
@@ -102,7 +108,11 @@ fn configs(quick: bool) -> Vec<Config> {
         p.extend([0.3, 0.5, 0.7].map(|fraction| Point::Budget { fraction }));
         p
     };
-    let (warmup, steps) = if quick { (1, 2) } else { (2, 3) };
+    let (warmup, steps) = if quick {
+        (1, 2)
+    } else {
+        (warmup.max(1), steps.max(1))
+    };
     let shape = |seq, batch| Shape {
         seq,
         batch,
@@ -162,7 +172,7 @@ fn run(args: &RunArgs) -> Result<()> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let mut measured = Vec::new();
-    for cfg in configs(args.quick) {
+    for cfg in configs(args.quick, args.warmup, args.steps) {
         let mut per_round = Vec::new();
         for round in 1..=rounds {
             let ckpt_first = round % 2 == 1;
@@ -177,16 +187,31 @@ fn run(args: &RunArgs) -> Result<()> {
                 }
             }
             eprintln!("frontier: {} round {round} of {rounds} done", cfg.name);
-            per_round.push(report::Round {
+            let done = report::Round {
                 ckpt: ours.expect("ran"),
                 torch: theirs.expect("ran"),
-            });
+            };
+            // Each round's raw results, as they come (frontier_raw/<config>_<round>.json).
+            let raw = args.out.join("frontier_raw");
+            std::fs::create_dir_all(&raw)?;
+            std::fs::write(
+                raw.join(format!("{}_{round}.json", cfg.name)),
+                serde_json::to_string(&json!({"ckpt": done.ckpt, "torch": done.torch}))?,
+            )?;
+            per_round.push(done);
         }
         measured.push((cfg, per_round));
+        // Written after each configuration, so a long run that stops keeps what it measured.
+        let report = report::Report::new(
+            &args.machine,
+            &args.date,
+            args.threads,
+            rounds,
+            measured.clone(),
+        )?;
+        report.write(&args.out)?;
+        eprintln!("wrote {}", args.out.display());
     }
-    let report = report::Report::new(&args.machine, &args.date, args.threads, rounds, measured)?;
-    report.write(&args.out)?;
-    eprintln!("wrote {}", args.out.display());
     Ok(())
 }
 

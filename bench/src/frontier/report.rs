@@ -59,8 +59,11 @@ pub struct SideFigures {
     pub seconds: Spread,
     /// Per-round ratio to the plain point of the same process.
     pub vs_plain: Spread,
-    /// Peak bytes (the same in every round; checked).
+    /// Peak bytes: the same in every round (checked), but for a budget point, whose plan
+    /// may change with the measured times: then the median over rounds.
     pub peak_bytes: i64,
+    /// The peak of each round.
+    pub peak_bytes_per_round: Vec<i64>,
     /// Fraction of the plain point's peak saved (0.63 = 63 % less).
     pub saved: f64,
 }
@@ -99,7 +102,13 @@ pub struct Report {
     pub configs: Vec<ConfigFigures>,
 }
 
-fn side_figures(per_round: &[&[PointResult]], name: &str) -> Result<Option<SideFigures>> {
+/// `planned`: a budget point, whose plan (and so its peak) may differ between rounds,
+/// since the planner weighs measured times; every other point's peak must repeat.
+fn side_figures(
+    per_round: &[&[PointResult]],
+    name: &str,
+    planned: bool,
+) -> Result<Option<SideFigures>> {
     let find = |results: &[PointResult], n: &str| results.iter().find(|r| r.name == n).cloned();
     let mut seconds = Vec::new();
     let mut vs_plain = Vec::new();
@@ -116,14 +125,16 @@ fn side_figures(per_round: &[&[PointResult]], name: &str) -> Result<Option<SideF
         plain_peak = plain.peak_bytes;
     }
     ensure!(
-        peaks.windows(2).all(|w| w[0] == w[1]),
+        planned || peaks.windows(2).all(|w| w[0] == w[1]),
         "{name}: peak bytes differ between rounds: {peaks:?}"
     );
+    let peak_bytes = median(&peaks.iter().map(|&p| p as f64).collect::<Vec<_>>()) as i64;
     Ok(Some(SideFigures {
         seconds: Spread::of(seconds),
         vs_plain: Spread::of(vs_plain),
-        peak_bytes: peaks[0],
-        saved: 1.0 - peaks[0] as f64 / plain_peak as f64,
+        peak_bytes,
+        saved: 1.0 - peak_bytes as f64 / plain_peak as f64,
+        peak_bytes_per_round: peaks,
     }))
 }
 
@@ -142,10 +153,11 @@ impl Report {
             let mut points = Vec::new();
             for point in &cfg.points {
                 let name = point.name();
-                let ckpt = side_figures(&ours, &name)?
+                let planned = !point.hand_chosen();
+                let ckpt = side_figures(&ours, &name, planned)?
                     .ok_or_else(|| anyhow!("ckpt did not run {name}"))?;
                 let torch = if point.on_both_sides() {
-                    side_figures(&theirs, &name)?
+                    side_figures(&theirs, &name, false)?
                 } else {
                     None
                 };
@@ -285,14 +297,28 @@ impl Report {
             }
             s.push('\n');
             for p in c.points.iter().filter(|p| p.plan.is_some()) {
+                let rounds = &p.ckpt.peak_bytes_per_round;
+                if rounds.windows(2).any(|w| w[0] != w[1]) {
+                    let _ = writeln!(
+                        s,
+                        "`{}`: the planner chose different plans in different rounds (it weighs the measured times): peaks {} MiB by round; the table gives their median, the plan below is the last round's.\n",
+                        p.name,
+                        rounds
+                            .iter()
+                            .map(|b| format!("{:.1}", *b as f64 / MIB))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                }
                 let predicted = p.predicted_peak_bytes.unwrap_or(0) as f64;
+                let measured = rounds.last().copied().unwrap_or(p.ckpt.peak_bytes);
                 let _ = writeln!(
                     s,
-                    "`{}`: predicted peak {:.1} MiB, measured {:.1} MiB (error {:+.1} %).\n\n```text\n{}\n```\n",
+                    "`{}` (last round): predicted peak {:.1} MiB, measured {:.1} MiB (error {:+.1} %).\n\n```text\n{}\n```\n",
                     p.name,
                     predicted / MIB,
-                    p.ckpt.peak_bytes as f64 / MIB,
-                    (predicted / p.ckpt.peak_bytes as f64 - 1.0) * 100.0,
+                    measured as f64 / MIB,
+                    (predicted / measured as f64 - 1.0) * 100.0,
                     p.plan.as_deref().unwrap_or("")
                 );
             }
@@ -485,5 +511,75 @@ impl Report {
         }
         root.present().map_err(|e| draw(&e))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Config;
+    use crate::side::{Point, Shape};
+
+    fn result(name: &str, secs: f64, peak: i64) -> PointResult {
+        PointResult {
+            name: name.into(),
+            step_seconds_median: secs,
+            step_seconds: vec![secs],
+            peak_bytes: peak,
+            plan: None,
+            predicted_peak_bytes: None,
+        }
+    }
+
+    /// A budget point's peak may change between rounds (the planner weighs measured
+    /// times); a hand-chosen point's may not. Ratios are per round.
+    #[test]
+    fn report_of_rounds() {
+        let cfg = Config {
+            name: "c".into(),
+            shape: Shape {
+                seq: 4,
+                batch: 2,
+                warmup: 1,
+                steps: 1,
+            },
+            points: vec![Point::Plain, Point::Budget { fraction: 0.5 }],
+        };
+        let round = |budget_peak: i64, plain_secs: f64| Round {
+            ckpt: vec![
+                result("plain", plain_secs, 100),
+                PointResult {
+                    plan: Some("the plan".into()),
+                    predicted_peak_bytes: Some(45),
+                    ..result("budget 50%", 2.0 * plain_secs, budget_peak)
+                },
+            ],
+            torch: vec![result("plain", 1.0, 110)],
+        };
+        let rounds = vec![round(40, 1.0), round(50, 2.0), round(40, 1.5)];
+        let r = Report::new("m", "d", 2, 3, vec![(cfg.clone(), rounds)]).unwrap();
+        let plain = &r.configs[0].points[0];
+        assert_eq!(
+            plain.time_ratio.as_ref().unwrap().values,
+            vec![1.0, 2.0, 1.5]
+        );
+        let budget = &r.configs[0].points[1];
+        assert_eq!(budget.ckpt.peak_bytes, 40);
+        assert_eq!(budget.ckpt.peak_bytes_per_round, vec![40, 50, 40]);
+        assert_eq!(budget.ckpt.vs_plain.values, vec![2.0, 2.0, 2.0]);
+        let md = r.markdown();
+        assert!(md.contains("different plans in different rounds"), "{md}");
+        // A hand-chosen point whose bytes change is an error.
+        let bad = vec![
+            Round {
+                ckpt: vec![result("plain", 1.0, 100), result("budget 50%", 1.0, 1)],
+                torch: vec![result("plain", 1.0, 110)],
+            },
+            Round {
+                ckpt: vec![result("plain", 1.0, 101), result("budget 50%", 1.0, 1)],
+                torch: vec![result("plain", 1.0, 110)],
+            },
+        ];
+        assert!(Report::new("m", "d", 2, 2, vec![(cfg, bad)]).is_err());
     }
 }
