@@ -137,7 +137,8 @@ pub use ckpt_runtime::*;
 ///   the statement runs **once, inline between the segments**, as in the plain function
 ///   (its value and what its backward needs stay alive; it is not recomputed). The
 ///   groups are cut as without the mark, then each run of kept statements is taken out
-///   of its group, splitting it. Keep what is expensive to recompute and cheap to store
+///   of its checkpointed group, splitting it (in the last group, which runs inline
+///   anyway, a mark changes nothing). Keep what is expensive to recompute and cheap to store
 ///   (a block's projections, as Megatron's selective recompute, Korthikanti et al.
 ///   2022); the side-effect rules do not apply to it, since it runs once. A mark on a
 ///   function checkpointed whole, with `segments = auto` / `budget`, with a layer loop,

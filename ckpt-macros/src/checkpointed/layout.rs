@@ -16,8 +16,9 @@
 //! A `let` marked `#[ckpt::keep]` runs once, inline, between the segments of a
 //! [`Layout::Static`] function: the groups are cut as without the marks, then each run of
 //! kept statements is taken out of its group (splitting the group around it) and becomes a
-//! group of its own that is not checkpointed. Its value, and what its backward needs, stay
-//! alive as in the plain function; it is not recomputed. The other layouts reject the mark
+//! group of its own that is not checkpointed (in the last group, which runs inline anyway,
+//! a mark changes nothing). Its value, and what its backward needs, stay alive as in the
+//! plain function; it is not recomputed. The other layouts reject the mark
 //! (the whole function is one segment; a run-time chain is cut by the planner).
 
 use std::ops::Range;
@@ -84,7 +85,8 @@ impl Cut {
         }
         let mut ranges = Vec::new();
         let mut flags = Vec::new();
-        for range in &self.ranges {
+        let (last, checkpointed) = self.ranges.split_last().expect("at least one group");
+        for range in checkpointed {
             let mut start = range.start;
             for i in range.clone() {
                 if i > start && kept[i] != kept[i - 1] {
@@ -96,6 +98,10 @@ impl Cut {
             ranges.push(start..range.end);
             flags.push(kept[range.end - 1]);
         }
+        // The last group runs inline already, kept statements or not: not split, so that
+        // its other statements stay inline too.
+        ranges.push(last.clone());
+        flags.push(false);
         let cut = Cut {
             layout: self.layout,
             ranges,

@@ -332,6 +332,27 @@ fn snapshot_kept_statement_between_segments() {
     ));
 }
 
+/// A mark in the last group (inline anyway) does not split it: the statement before the
+/// kept one stays inline, not a new checkpointed segment.
+#[test]
+fn a_kept_statement_in_the_inline_group_changes_nothing() {
+    let item = |keep: TokenStream| {
+        quote! {
+            fn f(xs: &Tensor) -> Tensor {
+                let a = xs.relu();
+                let b = a.tanh();
+                let c = b.sigmoid();
+                #keep
+                let d = c.exp();
+                d.neg()
+            }
+        }
+    };
+    let with = expand(quote!(segments = 2), item(quote!(#[ckpt::keep]))).to_string();
+    let without = expand(quote!(segments = 2), item(quote!())).to_string();
+    assert_eq!(with, without);
+}
+
 /// A kept statement runs once, whatever the side-effect rules say of recomputed code, and
 /// on an error the marks are gone from the emitted original function.
 #[test]
