@@ -123,12 +123,18 @@ fn step(
     )
 }
 
+/// The block's variables and the block, from the RNG seeded with `seed`.
+fn fixture(seed: i64) -> (nn::VarStore, Block) {
+    tch::manual_seed(seed);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let m = block(&vs);
+    (vs, m)
+}
+
 #[test]
 fn a_kept_statement_runs_once_and_gradients_equal_plain() {
     let _serial = serial();
-    tch::manual_seed(3);
-    let vs = nn::VarStore::new(Device::Cpu);
-    let m = block(&vs);
+    let (vs, m) = fixture(3);
     let x = Tensor::randn([2, 5, D], (Kind::Float, Device::Cpu));
     let (want, p_plain, a_plain) = step(&vs, &x, &|x| plain(&m, x));
     assert_eq!((p_plain, a_plain), (1, 1));
@@ -151,9 +157,7 @@ fn a_kept_statement_runs_once_and_gradients_equal_plain() {
 #[test]
 fn a_kept_statement_keeps_exactly_its_value() {
     let _serial = serial();
-    tch::manual_seed(4);
-    let vs = nn::VarStore::new(Device::Cpu);
-    let m = block(&vs);
+    let (_vs, m) = fixture(4);
     let (b, t) = (3i64, 7i64);
     let x = Tensor::randn([b, t, D], (Kind::Float, Device::Cpu)).set_requires_grad(true);
     let alive = |f: &dyn Fn(&Tensor) -> Tensor| {
@@ -184,9 +188,7 @@ fn balanced_with_keep(m: &Block, x: &Tensor) -> Tensor {
 #[test]
 fn segments_n_with_a_kept_statement_equals_plain() {
     let _serial = serial();
-    tch::manual_seed(5);
-    let vs = nn::VarStore::new(Device::Cpu);
-    let m = block(&vs);
+    let (vs, m) = fixture(5);
     let x = Tensor::randn([2, 4, D], (Kind::Float, Device::Cpu));
     let (want, _, _) = step(&vs, &x, &|x| plain(&m, x));
     let (got, projections, attention_runs) = step(&vs, &x, &|x| balanced_with_keep(&m, x));

@@ -456,14 +456,23 @@ mod tests {
             })
     }
 
-    fn chain() -> impl Strategy<Value = ChainCost> {
-        (prop::collection::vec(stage(), 0..=14), 0u64..1000, 0u64..50).prop_map(
+    /// Chains of up to `max` stages drawn by `stage`, with random output and checkpoint
+    /// bytes.
+    fn chain_of(
+        stage: impl Strategy<Value = StageCost>,
+        max: usize,
+    ) -> impl Strategy<Value = ChainCost> {
+        (prop::collection::vec(stage, 0..=max), 0u64..1000, 0u64..50).prop_map(
             |(stages, output_bytes, checkpoint_bytes)| ChainCost {
                 stages,
                 output_bytes,
                 checkpoint_bytes,
             },
         )
+    }
+
+    fn chain() -> impl Strategy<Value = ChainCost> {
+        chain_of(stage(), 14)
     }
 
     proptest! {
@@ -573,16 +582,7 @@ mod tests {
     }
 
     fn policy_chain() -> impl Strategy<Value = ChainCost> {
-        (
-            prop::collection::vec(policy_stage(), 0..=7),
-            0u64..1000,
-            0u64..50,
-        )
-            .prop_map(|(stages, output_bytes, checkpoint_bytes)| ChainCost {
-                stages,
-                output_bytes,
-                checkpoint_bytes,
-            })
+        chain_of(policy_stage(), 7)
     }
 
     proptest! {
