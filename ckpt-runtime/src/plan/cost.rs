@@ -1,0 +1,319 @@
+//! The cost model's inputs: what each stage of a chain costs ([`StageCost`], [`KeepCost`]),
+//! the whole chain ([`ChainCost`]), and the entry points that turn them into a [`Plan`]
+//! for an [`Objective`] (the dynamic programs are in `dp.rs`; the model is described in the
+//! [module docs](super)).
+
+use super::{Budget, Plan, dp, schedule};
+use crate::{CkptError, Policy};
+
+/// What one stage of a chain costs, as measured by [`profile_sequential`](super::profile_sequential) (see the
+/// [module docs](super) for how each figure enters the predicted peak).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StageCost {
+    /// Bytes of the stage's input tensor: what stashing a segment that starts here costs.
+    pub input_bytes: u64,
+    /// Bytes still allocated after running the stage with grad on a detached input, its
+    /// output held: the tensors saved for backward plus the output.
+    pub kept_bytes: u64,
+    /// Peak bytes of that forward above `kept_bytes`: temporaries freed before it returns.
+    pub forward_extra_bytes: u64,
+    /// Peak bytes of the stage's backward above `kept_bytes` and its incoming gradient
+    /// (the output's size): the gradients and temporaries it makes.
+    pub backward_extra_bytes: u64,
+    /// Seconds of the forward with grad, which is what a full recompute costs.
+    pub forward_seconds: f64,
+    /// What the stage keeps and costs to recompute in a segment checkpointed with
+    /// [`Policy::selective`]`().save_linear(false)` (dropout masks kept); `None` when not
+    /// profiled, which the planner takes as "keeps nothing, saves nothing".
+    pub masks: Option<KeepCost>,
+    /// The same for [`Policy::selective`] (linear outputs and dropout masks kept).
+    pub selective: Option<KeepCost>,
+}
+
+/// What a stage keeps, and what its recompute costs, in a segment checkpointed with a
+/// selective [`Policy`] (see [`StageCost::masks`], [`StageCost::selective`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct KeepCost {
+    /// Bytes the policy keeps from the segment's forward until its recompute is done
+    /// (linear outputs, dropout masks at 1 byte an element and a generator state each).
+    pub kept_bytes: u64,
+    /// Seconds of the stage's recompute under the policy: its forward with grad with the
+    /// kept results replayed instead of computed.
+    pub recompute_seconds: f64,
+}
+
+impl StageCost {
+    /// A stage with the given input bytes, kept bytes and forward seconds, and no
+    /// temporaries (`forward_extra_bytes = backward_extra_bytes = 0`).
+    pub fn new(input_bytes: u64, kept_bytes: u64, forward_seconds: f64) -> Self {
+        StageCost {
+            input_bytes,
+            kept_bytes,
+            forward_extra_bytes: 0,
+            backward_extra_bytes: 0,
+            forward_seconds,
+            masks: None,
+            selective: None,
+        }
+    }
+
+    /// What the stage keeps (bytes) and what recomputing it costs (seconds) in a segment
+    /// checkpointed with `policy`: `(0, forward_seconds)` for [`Policy::RECOMPUTE_ALL`] and
+    /// for a policy the profile has no figure for; `None` for a policy the planner does
+    /// not model (linear outputs without dropout masks).
+    pub fn keep(&self, policy: Policy) -> Option<(u64, f64)> {
+        let full = (0, self.forward_seconds);
+        let figure = |k: Option<KeepCost>| k.map_or(full, |k| (k.kept_bytes, k.recompute_seconds));
+        if policy == Policy::RECOMPUTE_ALL {
+            Some(full)
+        } else if policy == MASKS {
+            Some(figure(self.masks))
+        } else if policy == Policy::selective() {
+            Some(figure(self.selective))
+        } else {
+            None
+        }
+    }
+}
+
+/// The masks-only policy: dropout masks kept, linear outputs recomputed.
+pub(crate) const MASKS: Policy = Policy::selective().save_linear(false);
+
+/// The policies the planner chooses from for each checkpointed segment, in order of
+/// preference on ties: full recompute, dropout masks kept, selective.
+pub const PLANNED_POLICIES: [Policy; 3] = [Policy::RECOMPUTE_ALL, MASKS, Policy::selective()];
+
+/// The cost profile of a chain: one [`StageCost`] per stage plus two chain-wide figures.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ChainCost {
+    /// The stages, in order.
+    pub stages: Vec<StageCost>,
+    /// Bytes of the chain's output `x_L`; its gradient, handed back by the loss, is
+    /// counted as a fresh tensor of this size.
+    pub output_bytes: u64,
+    /// Bytes a checkpointed segment keeps besides its stash (the RNG state copy when
+    /// `preserve_rng_state` is on and the segment draws random numbers: 5,056 bytes on
+    /// CPU, none on a CUDA device; the profile counts it for every segment).
+    pub checkpoint_bytes: u64,
+}
+
+/// What the planner optimises.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Objective {
+    /// The least predicted peak (each stage recomputed at most once); among the plans
+    /// with that peak, the least extra time.
+    MinPeak,
+    /// The least extra (recompute) time with a predicted peak within the budget; among
+    /// those, the least peak.
+    Budget(Budget),
+}
+
+impl ChainCost {
+    /// A chain of `stages` with the given output bytes and `checkpoint_bytes = 0`.
+    pub fn new(stages: Vec<StageCost>, output_bytes: u64) -> Self {
+        ChainCost {
+            stages,
+            output_bytes,
+            checkpoint_bytes: 0,
+        }
+    }
+
+    /// `len` copies of `stage`, the output as large as a stage input.
+    pub fn uniform(len: usize, stage: StageCost) -> Self {
+        ChainCost::new(vec![stage; len], stage.input_bytes)
+    }
+
+    /// Number of stages.
+    pub fn len(&self) -> usize {
+        self.stages.len()
+    }
+
+    /// Whether the chain has no stage.
+    pub fn is_empty(&self) -> bool {
+        self.stages.is_empty()
+    }
+
+    /// The predicted peak bytes of running the chain without checkpointing.
+    ///
+    /// # Errors
+    ///
+    /// As [`ChainCost::evaluate`].
+    pub fn plain_peak_bytes(&self) -> Result<u64, CkptError> {
+        Ok(self.evaluate(&[])?.predicted_peak_bytes)
+    }
+
+    /// The predicted figures of running the chain with the given cuts (stage indices
+    /// where a new segment starts), following the [cost model](super) phase by phase. Use
+    /// it to compare a hand-chosen plan with the planner's.
+    ///
+    /// # Errors
+    ///
+    /// [`CkptError::InvalidArgument`] when the cuts are not strictly increasing within
+    /// `1..len`, or when a figure of the profile is unusable (a negative, infinite or
+    /// NaN time; byte figures summing past 2^62).
+    pub fn evaluate(&self, cuts: &[usize]) -> Result<Plan, CkptError> {
+        self.evaluate_with_policies(cuts, &vec![Policy::RECOMPUTE_ALL; cuts.len()])
+    }
+
+    /// [`ChainCost::evaluate`] with a policy for each checkpointed segment
+    /// (`policies[j]` for the segment that ends at `cuts[j]`): what a selective policy
+    /// keeps ([`StageCost::keep`]) is held from the segment's forward until its
+    /// recompute is done, and its recompute costs the stages' recompute seconds under
+    /// the policy.
+    ///
+    /// # Errors
+    ///
+    /// As [`ChainCost::evaluate`]; [`CkptError::InvalidArgument`] when `policies` is not
+    /// one per cut, or holds a policy the planner does not model (one of
+    /// [`PLANNED_POLICIES`] is needed).
+    pub fn evaluate_with_policies(
+        &self,
+        cuts: &[usize],
+        policies: &[Policy],
+    ) -> Result<Plan, CkptError> {
+        self.check()?;
+        schedule::check_cuts(cuts, self.len())?;
+        if policies.len() != cuts.len() {
+            return Err(CkptError::InvalidArgument(format!(
+                "{} policies for {} checkpointed segments: give one per cut",
+                policies.len(),
+                cuts.len()
+            )));
+        }
+        if let Some(p) = policies.iter().find(|p| !PLANNED_POLICIES.contains(p)) {
+            return Err(CkptError::InvalidArgument(format!(
+                "policy {p:?} is not one the planner models (full recompute, dropout masks kept, or selective)"
+            )));
+        }
+        Ok(self.make_plan(cuts.to_vec(), policies.to_vec(), None))
+    }
+
+    /// Chooses the cuts for `objective` by dynamic programming (see the
+    /// [module docs](super) for the model, the programs and their optimality), and for
+    /// each checkpointed segment the policy of [`PLANNED_POLICIES`] when the profile has
+    /// figures for them ([`StageCost::masks`], [`StageCost::selective`]; full recompute
+    /// otherwise).
+    ///
+    /// # Errors
+    ///
+    /// [`CkptError::BudgetTooSmall`] when no plan fits the budget (it states the least
+    /// feasible peak); [`CkptError::InvalidArgument`] for a budget fraction that is not
+    /// positive and finite, or a profile that [`ChainCost::evaluate`] rejects.
+    pub fn plan(&self, objective: &Objective) -> Result<Plan, CkptError> {
+        self.plan_with(objective, &PLANNED_POLICIES)
+    }
+
+    /// [`ChainCost::plan`] with each checkpointed segment's policy chosen among
+    /// `policies` only: `&[Policy::RECOMPUTE_ALL]` plans the cuts for full recompute,
+    /// `&[Policy::selective()]` for a model whose policy the user fixed to selective.
+    ///
+    /// # Errors
+    ///
+    /// As [`ChainCost::plan`]; [`CkptError::InvalidArgument`] when `policies` is empty
+    /// or holds a policy that is not one of [`PLANNED_POLICIES`].
+    pub fn plan_with(&self, objective: &Objective, policies: &[Policy]) -> Result<Plan, CkptError> {
+        self.check()?;
+        if policies.is_empty() || policies.iter().any(|p| !PLANNED_POLICIES.contains(p)) {
+            return Err(CkptError::InvalidArgument(format!(
+                "plan_with: policies {policies:?}: give at least one, each full recompute, dropout masks kept, or selective"
+            )));
+        }
+        let plain = dp::evaluate(self, &[], &[]).0;
+        let budget = match objective {
+            Objective::MinPeak => None,
+            Objective::Budget(b) => Some(b.bytes(plain)?),
+        };
+        let (cuts, policies) = if policies == [Policy::RECOMPUTE_ALL] || !dp::has_policies(self) {
+            // No figures: every policy costs what full recompute does; the first is taken.
+            let cuts = dp::plan(self, budget)?;
+            let policies = vec![policies[0]; cuts.len()];
+            (cuts, policies)
+        } else {
+            dp::plan_with_policies(self, budget, policies)?
+        };
+        Ok(self.make_plan(cuts, policies, budget))
+    }
+
+    /// [`ChainCost::plan`] for [`Objective::MinPeak`].
+    ///
+    /// # Errors
+    ///
+    /// As [`ChainCost::evaluate`].
+    pub fn plan_min_peak(&self) -> Result<Plan, CkptError> {
+        self.plan(&Objective::MinPeak)
+    }
+
+    /// [`ChainCost::plan`] for [`Objective::Budget`].
+    ///
+    /// # Errors
+    ///
+    /// As [`ChainCost::plan`].
+    pub fn plan_within(&self, budget: Budget) -> Result<Plan, CkptError> {
+        self.plan(&Objective::Budget(budget))
+    }
+
+    fn check(&self) -> Result<(), CkptError> {
+        let mut total: u128 = u128::from(self.output_bytes) + u128::from(self.checkpoint_bytes);
+        for (i, s) in self.stages.iter().enumerate() {
+            if !(s.forward_seconds.is_finite() && s.forward_seconds >= 0.0) {
+                return Err(CkptError::InvalidArgument(format!(
+                    "stage {i}: forward_seconds = {} (must be finite and not negative)",
+                    s.forward_seconds
+                )));
+            }
+            for (what, k) in [("masks", s.masks), ("selective", s.selective)] {
+                if let Some(k) = k {
+                    if !(k.recompute_seconds.is_finite() && k.recompute_seconds >= 0.0) {
+                        return Err(CkptError::InvalidArgument(format!(
+                            "stage {i}: {what}.recompute_seconds = {} (must be finite and not negative)",
+                            k.recompute_seconds
+                        )));
+                    }
+                    total += u128::from(k.kept_bytes);
+                }
+            }
+            total += u128::from(s.input_bytes)
+                + u128::from(s.kept_bytes)
+                + u128::from(s.forward_extra_bytes)
+                + u128::from(s.backward_extra_bytes)
+                + u128::from(self.checkpoint_bytes);
+        }
+        if total > 1 << 62 {
+            return Err(CkptError::InvalidArgument(
+                "the byte figures of the chain sum past 2^62".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Prefix sums of the forward times: `out[p]` = seconds of stages `0..p`, summed in
+    /// order (the planner and [`ChainCost::evaluate`] use the same figures).
+    pub(super) fn time_prefix(&self) -> Vec<f64> {
+        let mut out = Vec::with_capacity(self.len() + 1);
+        let mut t = 0.0;
+        out.push(t);
+        for s in &self.stages {
+            t += s.forward_seconds;
+            out.push(t);
+        }
+        out
+    }
+
+    fn make_plan(&self, cuts: Vec<usize>, policies: Vec<Policy>, budget: Option<u64>) -> Plan {
+        let (peak, phase, extra) = dp::evaluate(self, &cuts, &policies);
+        Plan {
+            len: self.len(),
+            predicted_extra_seconds: extra,
+            recomputed_stages: cuts.last().copied().unwrap_or(0),
+            cuts,
+            policies,
+            predicted_peak_bytes: peak,
+            peak_phase: phase,
+            plain_peak_bytes: dp::evaluate(self, &[], &[]).0,
+            budget_bytes: budget,
+            measured_peak_bytes: None,
+            stage_costs: self.stages.clone(),
+            stage_names: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! The planner's answer: a [`Plan`] (cuts, each checkpointed segment's policy, the
+//! predicted peak and extra time, the phase of the peak), and how it shows itself
+//! (`Display`, [`Plan::explain`]).
+
+use std::fmt;
+use std::ops::Range;
+
+use super::{MASKS, PLANNED_POLICIES, StageCost};
+use crate::Policy;
+
+/// The phase of a plan in which its predicted peak occurs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The forward and backward of the last, plain segment.
+    Plain,
+    /// The recompute and backward of checkpointed segment `segment` (0-based; shown
+    /// 1-based, as segment names are: "segment 1 of 3").
+    Recompute {
+        /// Index of the segment.
+        segment: usize,
+    },
+}
+
+/// Where to cut a chain, with what the [cost model](super) predicts for it; made by
+/// [`ChainCost::plan`](super::ChainCost::plan) or [`ChainCost::evaluate`](super::ChainCost::evaluate), run by [`checkpoint_sequential_plan`](super::checkpoint_sequential_plan).
+/// `Display` (and [`Plan::explain`]) prints the cuts, the predicted peak and extra time,
+/// and the measured peak once attached with [`Plan::set_measured_peak_bytes`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub(super) len: usize,
+    pub(super) cuts: Vec<usize>,
+    /// The policy of each checkpointed segment.
+    pub(super) policies: Vec<Policy>,
+    pub(super) predicted_peak_bytes: u64,
+    pub(super) predicted_extra_seconds: f64,
+    pub(super) recomputed_stages: usize,
+    pub(super) peak_phase: Phase,
+    pub(super) plain_peak_bytes: u64,
+    pub(super) budget_bytes: Option<u64>,
+    pub(super) measured_peak_bytes: Option<u64>,
+    /// The profile the plan was made from, one entry per stage.
+    pub(super) stage_costs: Vec<StageCost>,
+    /// The stages' names, when the caller knows them ([`Plan::with_stage_names`]).
+    pub(super) stage_names: Vec<String>,
+}
+
+impl Plan {
+    /// Number of stages of the chain.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the chain has no stage.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The stage indices where a new segment starts (strictly increasing, in `1..len`).
+    pub fn cuts(&self) -> &[usize] {
+        &self.cuts
+    }
+
+    /// The policy of each checkpointed segment (`policies()[j]` for segment `j`, one per
+    /// cut): [`Policy::RECOMPUTE_ALL`] unless the planner chose to keep dropout masks or
+    /// linear outputs (see [`ChainCost::plan`](super::ChainCost::plan)).
+    pub fn policies(&self) -> &[Policy] {
+        &self.policies
+    }
+
+    /// The policy segment `segment` runs with: its planned one, or
+    /// [`Policy::RECOMPUTE_ALL`] for the last, plain segment (which keeps everything).
+    pub fn policy_of(&self, segment: usize) -> Policy {
+        self.policies
+            .get(segment)
+            .copied()
+            .unwrap_or(Policy::RECOMPUTE_ALL)
+    }
+
+    /// Number of segments (`cuts().len() + 1`); all but the last are checkpointed.
+    pub fn segments(&self) -> usize {
+        self.cuts.len() + 1
+    }
+
+    /// The segments as stage ranges; the last one runs plainly.
+    pub fn ranges(&self) -> Vec<Range<usize>> {
+        ckpt_budget::cut_ranges(&self.cuts, self.len)
+    }
+
+    /// The predicted peak, in bytes above the baseline (see the [module docs](super)).
+    pub fn predicted_peak_bytes(&self) -> u64 {
+        self.predicted_peak_bytes
+    }
+
+    /// The predicted extra time of a training step, in seconds: the recompute of every
+    /// stage before the last cut.
+    pub fn predicted_extra_seconds(&self) -> f64 {
+        self.predicted_extra_seconds
+    }
+
+    /// Number of stages recomputed in backward (those before the last cut).
+    pub fn recomputed_stages(&self) -> usize {
+        self.recomputed_stages
+    }
+
+    /// The phase in which the predicted peak occurs.
+    pub fn peak_phase(&self) -> Phase {
+        self.peak_phase
+    }
+
+    /// The predicted peak of the same chain without checkpointing, in bytes.
+    pub fn plain_peak_bytes(&self) -> u64 {
+        self.plain_peak_bytes
+    }
+
+    /// The budget the plan was made for, in bytes (`None` for [`Objective::MinPeak`](super::Objective::MinPeak) and
+    /// for [`ChainCost::evaluate`](super::ChainCost::evaluate)).
+    pub fn budget_bytes(&self) -> Option<u64> {
+        self.budget_bytes
+    }
+
+    /// The measured peak attached with [`Plan::set_measured_peak_bytes`], in bytes.
+    pub fn measured_peak_bytes(&self) -> Option<u64> {
+        self.measured_peak_bytes
+    }
+
+    /// Attaches a measured peak (bytes above the baseline, e.g.
+    /// `memory::measure(..).1.peak_above_baseline_bytes` around forward and backward), so
+    /// that [`Plan::explain`] compares it with the prediction.
+    pub fn set_measured_peak_bytes(&mut self, bytes: u64) {
+        self.measured_peak_bytes = Some(bytes);
+    }
+
+    /// The profiled costs of the stages the plan was made from, in order.
+    pub fn stage_costs(&self) -> &[StageCost] {
+        &self.stage_costs
+    }
+
+    /// The stages' names (empty unless given with [`Plan::with_stage_names`]; the plans of
+    /// `#[checkpointed]` functions and `model!`'s `plan_for` name theirs).
+    pub fn stage_names(&self) -> &[String] {
+        &self.stage_names
+    }
+
+    /// The plan with names for its stages (`names.len()` should be [`Plan::len`]; missing
+    /// names print as the stage index), for [`Plan::explain`].
+    pub fn with_stage_names(mut self, names: Vec<String>) -> Self {
+        self.stage_names = names;
+        self
+    }
+
+    /// The segment (0-based) that holds stage `i`.
+    pub fn segment_of(&self, stage: usize) -> usize {
+        self.cuts.iter().take_while(|&&c| c <= stage).count()
+    }
+
+    /// What checkpointed segment `segment` keeps (bytes) and what its recompute costs
+    /// (seconds) under `policy`, from the profile (`None` for a policy the planner does
+    /// not model, or a plan without its profile).
+    pub fn segment_keep(&self, segment: usize, policy: Policy) -> Option<(u64, f64)> {
+        let range = self.ranges().get(segment)?.clone();
+        let stages = self.stage_costs.get(range)?;
+        let mut out = (0u64, 0.0);
+        for s in stages {
+            let (k, t) = s.keep(policy)?;
+            out.0 += k;
+            out.1 += t;
+        }
+        Some(out)
+    }
+
+    /// A human-readable account of the plan: segments, cuts, predicted peak (and the phase
+    /// where it occurs), plain-run peak, budget, predicted extra time, measured peak
+    /// (`Display` prints these); then one line per checkpointed segment: its policy, and
+    /// why — what each policy the planner chooses from would keep and cost to recompute
+    /// there (bytes kept against time saved); then one line per stage: its name, the
+    /// segment that holds it (checkpointed, so recomputed in backward, or the plain last
+    /// one), its profiled input bytes (what a segment starting there stashes), kept bytes
+    /// (what it keeps for backward, its output included), forward time, and under its
+    /// segment's policy what is kept from forward (`policy kept`) and what its recompute
+    /// costs (`recompute`; `-` in the plain segment).
+    pub fn explain(&self) -> String {
+        use std::fmt::Write;
+        let mut out = self.to_string();
+        if self.stage_costs.len() != self.len {
+            return out;
+        }
+        let last = self.segments() - 1;
+        let ranges = self.ranges();
+        for (j, r) in ranges.iter().enumerate().take(last) {
+            let chosen = self.policy_of(j);
+            let _ = write!(
+                out,
+                "\n  segment {} (stages {}..{}): checkpointed, policy {}",
+                j + 1,
+                r.start,
+                r.end,
+                policy_name(chosen)
+            );
+            let full = self.segment_keep(j, Policy::RECOMPUTE_ALL);
+            let options: Vec<String> = PLANNED_POLICIES
+                .iter()
+                .filter_map(|&p| {
+                    let (k, t) = self.segment_keep(j, p)?;
+                    let saved = full.map_or(0.0, |f| f.1 - t);
+                    let mark = if p == chosen { "*" } else { " " };
+                    Some(format!(
+                        "{mark}{} keeps {}, recompute {} (saves {})",
+                        policy_name(p),
+                        human_bytes(k),
+                        human_seconds(t),
+                        human_seconds(saved.max(0.0))
+                    ))
+                })
+                .collect();
+            if !options.is_empty() {
+                let _ = write!(out, "\n    {}", options.join("; "));
+            }
+        }
+        let width = self
+            .stage_names
+            .iter()
+            .map(|n| n.chars().count())
+            .max()
+            .unwrap_or(0)
+            .clamp(5, 60);
+        let _ = write!(
+            out,
+            "\n  {:>5}  {:<width$}  {:<26}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}",
+            "stage", "name", "segment", "input", "kept", "forward", "policy kept", "recompute"
+        );
+        for (i, cost) in self.stage_costs.iter().enumerate() {
+            let name = self.stage_names.get(i).map_or("", String::as_str);
+            let segment = self.segment_of(i);
+            let (held, policy_kept, recompute) = if segment == last {
+                (
+                    format!("{} (plain)", segment + 1),
+                    "-".to_string(),
+                    "-".to_string(),
+                )
+            } else {
+                let p = self.policy_of(segment);
+                let (k, t) = cost.keep(p).unwrap_or((0, cost.forward_seconds));
+                (
+                    format!("{} (recomputed, {})", segment + 1, policy_name(p)),
+                    human_bytes(k),
+                    human_seconds(t),
+                )
+            };
+            let _ = write!(
+                out,
+                "\n  {i:>5}  {name:<width$}  {held:<26}  {:>11}  {:>11}  {:>11}  {policy_kept:>11}  {recompute:>11}",
+                human_bytes(cost.input_bytes),
+                human_bytes(cost.kept_bytes),
+                human_seconds(cost.forward_seconds),
+            );
+        }
+        out
+    }
+}
+
+/// The name of a policy in plans: `full`, `masks`, `selective` (the main program's
+/// `--policy` values), `linear` for linear outputs alone.
+pub fn policy_name(policy: Policy) -> &'static str {
+    if policy == Policy::RECOMPUTE_ALL {
+        "full"
+    } else if policy == MASKS {
+        "masks"
+    } else if policy == Policy::selective() {
+        "selective"
+    } else {
+        "linear"
+    }
+}
+
+/// `bytes` as `12.50 MiB` (binary units).
+pub(crate) fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+fn human_seconds(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.3} s")
+    } else if s >= 1e-3 {
+        format!("{:.3} ms", s * 1e3)
+    } else {
+        format!("{:.3} µs", s * 1e6)
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let k = self.segments();
+        writeln!(
+            f,
+            "plan for {} stages: {} segment{} ({} checkpointed, the last plain)",
+            self.len,
+            k,
+            if k == 1 { "" } else { "s" },
+            k - 1
+        )?;
+        writeln!(f, "  cuts: {:?}", self.cuts)?;
+        let ranges: Vec<String> = self
+            .ranges()
+            .iter()
+            .map(|r| format!("{}..{}", r.start, r.end))
+            .collect();
+        writeln!(f, "  segments: {}", ranges.join(" | "))?;
+        if self.policies.iter().any(|&p| p != Policy::RECOMPUTE_ALL) {
+            let names: Vec<&str> = self.policies.iter().map(|&p| policy_name(p)).collect();
+            writeln!(
+                f,
+                "  policies of the checkpointed segments: {}",
+                names.join(" | ")
+            )?;
+        }
+        let phase = match self.peak_phase {
+            Phase::Plain => "forward and backward of the plain segment".to_string(),
+            Phase::Recompute { segment } => {
+                let r = &self.ranges()[segment];
+                format!(
+                    "recompute of segment {} of {k} (stages {}..{})",
+                    segment + 1,
+                    r.start,
+                    r.end
+                )
+            }
+        };
+        writeln!(
+            f,
+            "  predicted peak: {} ({} B), during the {phase}",
+            human_bytes(self.predicted_peak_bytes),
+            self.predicted_peak_bytes
+        )?;
+        let ratio = if self.plain_peak_bytes > 0 {
+            format!(
+                " ({:.1} % of it)",
+                100.0 * self.predicted_peak_bytes as f64 / self.plain_peak_bytes as f64
+            )
+        } else {
+            String::new()
+        };
+        writeln!(
+            f,
+            "  plain run, predicted: {}{ratio}",
+            human_bytes(self.plain_peak_bytes)
+        )?;
+        if let Some(b) = self.budget_bytes {
+            writeln!(f, "  budget: {} ({b} B)", human_bytes(b))?;
+        }
+        write!(
+            f,
+            "  predicted extra time: {} (recompute of {} stage{})",
+            human_seconds(self.predicted_extra_seconds),
+            self.recomputed_stages,
+            if self.recomputed_stages == 1 { "" } else { "s" }
+        )?;
+        if let Some(m) = self.measured_peak_bytes {
+            let diff = if self.predicted_peak_bytes > 0 {
+                format!(
+                    " ({:+.1} % vs predicted)",
+                    100.0 * (m as f64 - self.predicted_peak_bytes as f64)
+                        / self.predicted_peak_bytes as f64
+                )
+            } else {
+                String::new()
+            };
+            write!(f, "\n  measured peak: {} ({m} B){diff}", human_bytes(m))?;
+        }
+        Ok(())
+    }
+}
