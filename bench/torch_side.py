@@ -1,7 +1,7 @@
 """The PyTorch side of ckpt's benchmarks (bench/src/main.rs runs it).
 
 It builds the same models as the Rust side (bench/src/models.rs,
-examples/train_classifier/model.rs),
+ckpt-models/src/classifier.rs),
 times the same training steps and measures peak tensor bytes with the same counter:
 loading libckpt_bench.so installs ckpt's counting CPU allocator into this process's
 libtorch (the same 2.13.0 libraries the Rust side links), so both sides count the same
@@ -70,7 +70,7 @@ class ResidualBlock(nn.Module):
 
 
 class Block(nn.Module):
-    """The pre-LN encoder block of examples/train_classifier/model.rs."""
+    """The pre-LN encoder block of ckpt-models/src/classifier.rs."""
 
     def __init__(self, c):
         super().__init__()
@@ -116,7 +116,7 @@ def key_bias(ids, heads):
 
 
 class Classifier(nn.Module):
-    """The model! declaration of examples/train_classifier/model.rs, stage for stage:
+    """The model! declaration of ckpt-models/src/classifier.rs, stage for stage:
     tok (+ pos), dropout, blocks, ln_f, mean pooling over real tokens, head."""
 
     def __init__(self, c):

@@ -1,5 +1,5 @@
 //! `segments = auto` against every hand-chosen `segments`, on a 6-layer transformer
-//! encoder (`examples/encoder.rs`: 6 pre-LN blocks, 4 heads, d_model 256, feed-forward
+//! encoder (`ckpt-models/src/encoder.rs`: 6 pre-LN blocks, 4 heads, d_model 256, feed-forward
 //! 1024; here with 256 tokens, batch 16).
 //!
 //! ```text
@@ -17,9 +17,7 @@
 //! prediction (`plan_for`). The program fails when `auto`'s measured peak is above the
 //! best hand-chosen one.
 
-#[path = "encoder.rs"]
-#[allow(dead_code)]
-mod encoder;
+use ckpt_models::encoder;
 
 use std::path::PathBuf;
 use std::time::Instant;

@@ -558,7 +558,7 @@ pub use ckpt_macros::ShallowClone;
 ///
 /// Fields may carry doc comments and a visibility (`pub fc: nn::Linear = ..`).
 ///
-/// A transformer encoder, with its block as an ordinary struct (`examples/encoder.rs`):
+/// A transformer encoder, with its block as an ordinary struct (`ckpt-models/src/encoder.rs`):
 ///
 /// ```
 /// # use tch::nn::{self, ModuleT};

@@ -5,7 +5,7 @@
 //! dropout in training mode under the same seed — and it saves and loads the same weight
 //! files in both directions. A checkpointed training step needs less peak memory.
 //!
-//! Models: a residual stack (`Module`), the transformer encoder of `examples/encoder.rs`
+//! Models: a residual stack (`Module`), the transformer encoder of `ckpt-models/src/encoder.rs`
 //! (`ModuleT`, per-call values, a `#[field]`, apply closures), a model with every stage
 //! form, and a generic model with a const-generic count.
 //!
@@ -19,9 +19,7 @@ use ckpt::{ShallowClone, model};
 use tch::nn::{self, Module, ModuleT};
 use tch::{Device, Kind, Tensor};
 
-#[path = "../examples/encoder.rs"]
-#[allow(dead_code)]
-mod encoder;
+use ckpt_models::encoder;
 
 use encoder::{Block, Config};
 
@@ -364,13 +362,13 @@ fn generated_impls() {
 }
 
 // ---------------------------------------------------------------------------------------
-// The encoder of examples/encoder.rs: `ModuleT`, per-call values, a `#[field]`, apply
+// The encoder of ckpt-models/src/encoder.rs: `ModuleT`, per-call values, a `#[field]`, apply
 // closures, dropout in training mode.
 
 macro_rules! encoders {
     ($($name:ident $(= $n:literal)?),* $(,)?) => {$(
         model! {
-            /// The encoder of examples/encoder.rs.
+            /// The encoder of ckpt-models/src/encoder.rs.
             $(#[checkpointed(segments = $n)])?
             struct $name(p, c: &Config) {
                 let pad: Tensor = xs.eq(0),
@@ -497,7 +495,7 @@ fn encoder_matches_hand_written_with_dropout_for_every_segment_count() {
         // The example's own declaration (segments = 3).
         let (vs, m) = copy_of(&ref_vs, |p| encoder::Encoder::new(p, &ENC));
         let got = run(&vs, &ids, 21, |x| m.forward_t(x, train));
-        assert_bitwise_equal("examples/encoder.rs", &reference, &got);
+        assert_bitwise_equal("ckpt-models/src/encoder.rs", &reference, &got);
     }
     // Dropout is really on in training mode, and follows the seed.
     let (vs, m) = copy_of(&ref_vs, |p| Enc3::new(p, &ENC));

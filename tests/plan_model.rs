@@ -3,7 +3,7 @@
 //! prediction and within the budget; gradients equal the plain model's bit for bit; an
 //! impossible budget is an error stating the smallest feasible one; the run-time
 //! schedule setters; plans cached per input; on the transformer encoder of
-//! `examples/encoder.rs` (small shapes) `auto` needs no more memory than the best
+//! `ckpt-models/src/encoder.rs` (small shapes) `auto` needs no more memory than the best
 //! `segments = N` (the seed's shapes: `cargo run --release --example plan_encoder`).
 
 mod common;
@@ -15,9 +15,7 @@ use ckpt::{CkptError, ShallowClone, model};
 use tch::nn::{self, Module, ModuleT};
 use tch::{Device, Kind, Tensor};
 
-#[path = "../examples/encoder.rs"]
-#[allow(dead_code)]
-mod encoder;
+use ckpt_models::encoder;
 
 /// The memory meter, `live_segments` and the global RNG are process-wide: the tests of
 /// this file take turns.

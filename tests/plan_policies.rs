@@ -1,5 +1,5 @@
 //! The planner's choice of policy per checkpointed segment (issue 14, "the planner
-//! chooses"): on the transformer encoder of `examples/encoder.rs` (small shapes, the
+//! chooses"): on the transformer encoder of `ckpt-models/src/encoder.rs` (small shapes, the
 //! model of `tests/plan_model.rs`), budget plans with selective segments predict the
 //! measured peak (exact CPU byte counter) within 10 %; the model runs each segment with
 //! its planned policy, with gradients bit-equal to the plain model's; a fixed policy is
@@ -12,9 +12,7 @@ use ckpt::plan::{Budget, PLANNED_POLICIES, Plan};
 use tch::nn::{self, ModuleT};
 use tch::{Device, Kind, Tensor};
 
-#[path = "../examples/encoder.rs"]
-#[allow(dead_code)]
-mod encoder;
+use ckpt_models::encoder;
 
 /// The memory meter and the global RNG are process-wide: the tests take turns.
 static SERIAL: Mutex<()> = Mutex::new(());

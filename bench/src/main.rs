@@ -592,7 +592,7 @@ impl Report {
              - **Same models.** `mlp16`: 16 residual blocks `x + W2 gelu(W1 x)`, width 256, hidden \
              1024, batch 256, loss `mean(y^2)`, 4 segments, PyTorch's `checkpoint_sequential(.., \
              use_reentrant=False)` against `ckpt::checkpoint_sequential`. `encoder-*`: the main \
-             program's transformer encoder classifier (`examples/train_classifier/model.rs`, \
+             program's transformer encoder classifier (`ckpt-models/src/classifier.rs`, \
              declared with `ckpt::model!`: 6 pre-LN blocks, 4 heads, d_model 256, feed-forward \
              1024, dropout 0.1, learned positions, mean pooling, linear head), cross-entropy, \
              3 segments over the blocks (two blocks a segment, the last segment plain); the \

@@ -3,10 +3,7 @@
 use tch::Tensor;
 use tch::nn::{self, Module};
 
-// The main program's transformer encoder classifier (its module docs come from the file;
-// an outer doc comment here would make rustdoc resolve their links from this module).
-#[path = "../../examples/train_classifier/model.rs"]
-pub mod classifier;
+pub use ckpt_models::classifier;
 
 /// A residual MLP block: `x + l2(gelu(l1(x)))`, `[batch, d] → [batch, d]`.
 #[derive(Debug, ckpt::ShallowClone)]

@@ -33,8 +33,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tch::nn::{self, ModuleT, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
-use crate::data::{Dataset, Task};
-use crate::model::{Classifier, ModelConfig, Strategy};
+use ckpt_models::classifier::{Classifier, ModelConfig, Strategy};
+use ckpt_models::data::{Dataset, Task};
 
 /// Optimisation settings, the same for every run.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -1,5 +1,6 @@
-//! The model: a pre-LN transformer encoder classifier, declared with [`ckpt::model!`]
-//! and checkpointed over its blocks.
+//! The main program's model (`examples/train_classifier`, also benchmarked in `bench/`): a
+//! pre-LN transformer encoder classifier, declared with [`ckpt::model!`] and checkpointed
+//! over its blocks.
 //!
 //! ```text
 //! ids [batch, seq] ─▶ token embedding + learned positions ─▶ dropout
@@ -24,17 +25,13 @@
 //! *blocks* as PyTorch's `checkpoint_sequential(blocks, N)` would (6 blocks, N = 3: two
 //! blocks a segment), the embedding joining the first segment and the norm, pooling and
 //! head the last, plain one; `--segments auto` lets `ckpt`'s planner choose the cuts.
-//!
-//! `Block` is self-contained (no `crate::` imports) so that other programs, such as
-//! the benchmarks in `bench/`, can include this file as a module.
 
 use ckpt::plan::{Objective, Schedule};
 use tch::nn;
 use tch::{Kind, Tensor};
 
-/// Id of the padding token (`data::PAD`; `main.rs` asserts they agree, this file has no
-/// `crate::` imports).
-pub const PAD: i64 = 0;
+/// Id of the padding token, as in the data sets.
+pub const PAD: i64 = crate::data::PAD;
 
 /// Sizes of the model; every one is a command-line flag.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -49,6 +49,11 @@ impl Dataset {
         self.labels.len()
     }
 
+    /// Whether the set has no example.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
     /// The rows `index` as `([rows, seq_len] int64, [rows] int64)` on `device`.
     pub fn batch(&self, index: &[usize], device: Device) -> (Tensor, Tensor) {
         let s = self.seq_len;

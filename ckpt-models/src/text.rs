@@ -90,6 +90,11 @@ impl Vocab {
         self.words.len()
     }
 
+    /// Whether the vocabulary has no entry (never, once built: `<pad>` and `<unk>`).
+    pub fn is_empty(&self) -> bool {
+        self.words.is_empty()
+    }
+
     /// The id of `word` (`UNK` when absent).
     pub fn id(&self, word: &str) -> i64 {
         self.ids.get(word).copied().unwrap_or(UNK)

@@ -105,7 +105,7 @@ impl Expr {
         }
     }
 
-    /// Token ids (indices into [`VOCAB`]); as many as [`Expr::len`].
+    /// Token ids (indices into [`VOCAB`]); as many as [`Expr::token_len`].
     pub fn tokens(&self) -> Vec<i64> {
         let mut out = Vec::new();
         self.push_tokens(&mut out);
@@ -124,10 +124,10 @@ impl Expr {
     }
 
     /// Length in tokens, as LRA counts it: 1 per digit, 2 per operator.
-    pub fn len(&self) -> usize {
+    pub fn token_len(&self) -> usize {
         match self {
             Expr::Digit(_) => 1,
-            Expr::Apply(_, args) => 2 + args.iter().map(Expr::len).sum::<usize>(),
+            Expr::Apply(_, args) => 2 + args.iter().map(Expr::token_len).sum::<usize>(),
         }
     }
 }
@@ -244,7 +244,7 @@ pub fn generate(cfg: &ListOpsConfig, count: usize, seed: u64) -> Result<Vec<Expr
         }
         draws += 1;
         let tree = generate_tree(&mut rng, 1, cfg);
-        let len = tree.len();
+        let len = tree.token_len();
         if len > cfg.min_length && len < cfg.max_length && seen.insert(tree.clone()) {
             out.push(tree);
         }
@@ -283,7 +283,7 @@ mod tests {
             let e = parse(text).unwrap();
             assert_eq!(e.value(), want, "{text}");
             assert_eq!(e.to_string(), text, "round trip");
-            assert_eq!(e.len(), e.tokens().len());
+            assert_eq!(e.token_len(), e.tokens().len());
         }
     }
 
@@ -314,7 +314,7 @@ mod tests {
         assert_eq!(distinct.len(), data.len(), "no duplicates");
         let mut labels = HashSet::new();
         for e in &data {
-            assert!(e.len() > c.min_length && e.len() < c.max_length);
+            assert!(e.token_len() > c.min_length && e.token_len() < c.max_length);
             check_limits(e, 1, &c);
             labels.insert(e.value());
         }
