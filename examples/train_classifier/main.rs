@@ -31,6 +31,7 @@
 
 mod cli;
 mod report;
+mod shard;
 mod train;
 
 use anyhow::{Context, Result, ensure};
@@ -40,7 +41,8 @@ use tch::Device;
 
 use crate::cli::{Args, DeviceArg, Mode, SegmentsArg, Sizes, device_name};
 use crate::report::{ConfigJson, Report, RunJson};
-use crate::train::{RunResult, RunSpec, Schedule, Sharding, TrainConfig};
+use crate::shard::Sharding;
+use crate::train::{RunResult, RunSpec, Schedule, TrainConfig};
 use ckpt_models::classifier::{self as model, ModelConfig, Strategy};
 use ckpt_models::data;
 use ckpt_models::listops::ListOpsConfig;
@@ -432,7 +434,7 @@ fn explain_auto(
     let vs = tch::nn::VarStore::new(cfg.device);
     let mut model = model::Classifier::new(vs.root(), model_cfg);
     Strategy::Auto.apply(&mut model, model_cfg.layers)?;
-    let steps = train::epoch_steps(data, cfg, Sharding::Single, 0)?;
+    let steps = shard::epoch_steps(data, cfg, Sharding::Single, 0)?;
     let (_, rows) = steps
         .first()
         .and_then(|s| s.first())
