@@ -1,6 +1,6 @@
 //! Runtime benchmarks (criterion): what one checkpointed segment costs on tiny tensors,
 //! and a training step of the 16-layer MLP chain of `tests/memory.rs`, plain and with
-//! 4 segments. Run with `cargo bench --bench runtime`; criterion prints medians.
+//! 4 segments. Run with `cargo bench -p ckpt-bench --bench runtime`; criterion prints medians.
 
 // `criterion_group!` generates an undocumented public function.
 #![allow(missing_docs)]
