@@ -228,16 +228,7 @@ pub(super) fn plan(costs: &ChainCost, budget: Option<u64>) -> Result<Vec<usize>,
     let t = Tables::new(costs);
     let (g, _) = t.least_peak(|_| true);
     let least = g[0];
-    let budget = match budget {
-        None => least,
-        Some(b) if b < least => {
-            return Err(CkptError::BudgetTooSmall {
-                budget_bytes: b,
-                min_bytes: least,
-            });
-        }
-        Some(b) => b,
-    };
+    let budget = within(budget, least)?;
     let e = t.least_stash(budget);
     let time = costs.time_prefix();
     let fastest = (0..len)
@@ -319,16 +310,7 @@ pub(super) fn plan_with_policies(
         g[a] = best;
     }
     let least = g[0];
-    let budget = match budget {
-        None => least,
-        Some(b) if b < least => {
-            return Err(CkptError::BudgetTooSmall {
-                budget_bytes: b,
-                min_bytes: least,
-            });
-        }
-        Some(b) => b,
-    };
+    let budget = within(budget, least)?;
     // Least time within the budget: the Pareto front of (stash sum, seconds, peak so far)
     // per boundary. Whether a prefix can be completed within the budget, and what the
     // completion adds to time and peak, depend on the prefix only through its stash sum;
@@ -417,6 +399,19 @@ pub(super) fn plan_with_policies(
     // The loop above records the start of each segment after the first: the last entry
     // is the plain segment's start, every entry a cut.
     Ok((cuts, policies))
+}
+
+/// The budget to plan for: `budget`, or the least feasible peak `least` when none is
+/// given; [`CkptError::BudgetTooSmall`] when `budget` is under `least`.
+fn within(budget: Option<u64>, least: u64) -> Result<u64, CkptError> {
+    match budget {
+        Some(b) if b < least => Err(CkptError::BudgetTooSmall {
+            budget_bytes: b,
+            min_bytes: least,
+        }),
+        Some(b) => Ok(b),
+        None => Ok(least),
+    }
 }
 
 #[cfg(test)]
