@@ -21,7 +21,12 @@ const SOURCES: [&str; 7] = [
     "csrc/policy.cpp",
     "csrc/params.cpp",
 ];
-const HEADERS: [&str; 3] = ["csrc/common.h", "csrc/extra.h", "csrc/policy.h"];
+const HEADERS: [&str; 4] = [
+    "csrc/ffi.h",
+    "csrc/common.h",
+    "csrc/extra.h",
+    "csrc/policy.h",
+];
 
 fn main() {
     for file in SOURCES

@@ -19,6 +19,7 @@
 // Cost: one thread-local read per batch norm call, no memory.
 
 #include "extra.h"
+#include "ffi.h"
 
 #include <ATen/ops/batch_norm_native.h>
 #include <ATen/ops/instance_norm_native.h>

@@ -2,11 +2,11 @@
 // closure in backward (the counting CPU allocator and CUDA statistics are in
 // csrc/memory.cpp, the C API of generator and autocast state in csrc/state.cpp).
 //
-// Rules of this file:
-// - every `extern "C"` entry point catches every C++ exception and reports it through
-//   the caller's error callback; nothing throws across the FFI boundary;
-// - Rust callbacks never unwind (the Rust side wraps them in catch_unwind) and report
-//   failure through `ckpt_sink_error`;
+// Rules of this file (the boundary's types and helpers are csrc/ffi.h):
+// - every fallible `extern "C"` entry point runs in `ckpt::guarded`, which reports every
+//   C++ exception through the caller's error slot; nothing throws across the boundary;
+// - Rust callbacks are called through `ckpt::call_rust`, which turns the raw message
+//   they report into a std::runtime_error;
 // - the node owns its Rust closure through `Segment`, whose destructor drops it when
 //   the autograd graph frees the node.
 
@@ -24,6 +24,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 
 #include "common.h"
+#include "ffi.h"
 #include "policy.h"
 
 #include "extra.h"
@@ -41,38 +42,11 @@
 using ckpt::AutocastState;
 using ckpt::check;
 using ckpt::cuda_present;
-using ckpt::current_exception_message;
 using ckpt::fail;
 using ckpt::install_counting_allocator;
-using ckpt::report;
 using ckpt::RngState;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// tch's `*mut C_tensor` is a heap-allocated `torch::Tensor`.
-typedef at::Tensor* tensor;
-
-extern "C" {
-// Runs the Rust closure. Takes ownership of the `n` input tensors. Pushes outputs with
-// `ckpt_sink_push(sink, ..)`; on failure calls `ckpt_sink_error` and returns non-zero.
-// `fwd_ctx` is the Rust caller's context during forward and null during recompute.
-typedef int32_t (*ckpt_run_fn)(void* closure, int32_t recompute, tensor* inputs, size_t n,
-                               void* sink, void* fwd_ctx);
-typedef void (*ckpt_drop_fn)(void* closure);
-typedef void (*ckpt_push_fn)(void* ctx, tensor t);
-
-// What one segment is made of, besides its closure (src/ffi.rs `SegmentSpec`).
-typedef struct {
-  const tensor* inputs;  // the stash, in order; each defined
-  size_t n_inputs;
-  const tensor* params;  // tensors the closure captured, for the node to take as inputs
-  size_t n_params;
-  const char* name;  // UTF-8, not NUL-terminated
-  size_t name_len;
-  int32_t preserve_rng_state;
-  int32_t determinism_check;
-} ckpt_segment_spec;
-}
 
 namespace {
 
@@ -101,9 +75,7 @@ std::string describe(const OutputMeta& m) {
 std::atomic<int64_t> g_live_segments{0};
 
 struct Segment : torch::CustomClassHolder {
-  void* closure;
-  ckpt_run_fn run;
-  ckpt_drop_fn drop;
+  ckpt_callbacks rust;  // the closure (`rust.user`), owned
   std::string name;
   bool preserve_rng_state = true;
   bool determinism_check = true;
@@ -117,30 +89,20 @@ struct Segment : torch::CustomClassHolder {
   // What the selective-checkpointing policy kept from forward (null: recompute all).
   std::shared_ptr<ckpt_policy::Cache> policy;
 
-  Segment(void* c, ckpt_run_fn r, ckpt_drop_fn d) : closure(c), run(r), drop(d) {
-    g_live_segments.fetch_add(1);
-  }
+  explicit Segment(const ckpt_callbacks& r) : rust(r) { g_live_segments.fetch_add(1); }
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
   ~Segment() override {
-    if (closure != nullptr) {
-      drop(closure);  // the Rust side catches panics of the closure's destructor
-    }
+    rust.drop(rust.user);  // the Rust side catches panics of the closure's destructor
     g_live_segments.fetch_sub(1);
   }
 };
 
-struct Sink {
-  std::vector<at::Tensor> tensors;
-  bool failed = false;
-  std::string error;
-};
-
 // Calls the closure on `inputs`; throws std::runtime_error with the closure's message on
-// failure.
+// failure (the Rust side names the segment in it).
 std::vector<at::Tensor> call_closure(const Segment& seg, bool recompute,
-                                     const std::vector<at::Tensor>& inputs, void* fwd_ctx) {
-  std::vector<tensor> raw;
+                                     const std::vector<at::Tensor>& inputs) {
+  std::vector<ckpt_tensor> raw;
   raw.reserve(inputs.size());
   try {
     for (const auto& t : inputs) raw.push_back(new at::Tensor(t));
@@ -148,13 +110,10 @@ std::vector<at::Tensor> call_closure(const Segment& seg, bool recompute,
     for (auto* p : raw) delete p;
     throw;
   }
-  Sink sink;
   // The callback takes ownership of every pointer in `raw`, on success and on failure.
-  int32_t rc = seg.run(seg.closure, recompute ? 1 : 0, raw.data(), raw.size(), &sink, fwd_ctx);
-  if (rc != 0 || sink.failed) {
-    fail(sink.error.empty() ? std::string("checkpointed closure failed") : sink.error);
-  }
-  return std::move(sink.tensors);
+  return ckpt::call_rust([&](const ckpt_ctx* ctx) {
+    seg.rust.run(seg.rust.user, recompute ? 1 : 0, raw.data(), raw.size(), ctx);
+  });
 }
 
 // Fork semantics (torch.random.fork_rng): remember the current state, install the
@@ -214,8 +173,7 @@ bool differentiable(const at::Tensor& t) {
 // (csrc/params.cpp), so that the node has edges only to their accumulators: an edge to a
 // parameter the segment does not use would hold that parameter's accumulation back until
 // the segment's backward.
-std::vector<at::Tensor> run_forward(Segment& seg, const std::vector<at::Tensor>& in,
-                                    void* fwd_ctx) {
+std::vector<at::Tensor> run_forward(Segment& seg, const std::vector<at::Tensor>& in) {
   at::AutoGradMode no_grad(false);
   ckpt::RngProbe rng_before;
   if (seg.preserve_rng_state) {
@@ -235,7 +193,7 @@ std::vector<at::Tensor> run_forward(Segment& seg, const std::vector<at::Tensor>&
   {
     ckpt_policy::Scope record(seg.policy.get(), /*replay=*/false);
     ckpt::ParamUsage usage(seg.params);
-    outs = call_closure(seg, false, in, fwd_ctx);
+    outs = call_closure(seg, false, in);
     seg.params = usage.used();
   }
 
@@ -388,7 +346,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       at::AutoGradMode grad_on(true);
       ckpt_policy::Scope replay(seg->policy.get(), /*replay=*/true);
       ckpt::ParamGrads::Redirect redirect(param_grads);
-      outs = call_closure(*seg, true, detached, nullptr);
+      outs = call_closure(*seg, true, detached);
       // An output that is a listed parameter itself leads to its capture node too.
       for (const auto& o : outs) {
         out_edges.push_back(o.defined() && o.requires_grad()
@@ -505,41 +463,16 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 
 extern "C" {
 
-void ckpt_sink_push(void* sink, tensor t) {
-  try {
-    static_cast<Sink*>(sink)->tensors.push_back(*t);
-  } catch (...) {
-    auto* s = static_cast<Sink*>(sink);
-    s->failed = true;
-    s->error = "out of memory while collecting outputs";
-  }
-}
-
-void ckpt_sink_error(void* sink, const char* msg, size_t len) {
-  auto* s = static_cast<Sink*>(sink);
-  s->failed = true;
-  try {
-    s->error.assign(msg, len);
-  } catch (...) {
-  }
-}
-
-// Runs the closure as a checkpointed segment. Always takes ownership of `closure`
-// (it is dropped through `drop` when the graph frees the node, or at once on failure).
-// Outputs are handed to `push_out(out_ctx, ..)` (ownership passes to the callee).
-// Returns 0 on success, else reports through `set_err(out_ctx, ..)` and returns 1.
-int32_t ckpt_apply(void* closure, ckpt_run_fn run, ckpt_drop_fn drop,
-                   const ckpt_segment_spec* spec, void* fwd_ctx, void* out_ctx,
-                   ckpt_push_fn push_out, ckpt_msg_fn set_err) {
+int32_t ckpt_apply(const ckpt_segment* spec, const ckpt_ctx* ctx) {
   c10::intrusive_ptr<Segment> seg;
-  try {
-    seg = c10::make_intrusive<Segment>(closure, run, drop);
-  } catch (...) {
-    drop(closure);
-    report(set_err, out_ctx, current_exception_message());
-    return 1;
+  const int32_t made = ckpt::guarded(ctx->error, [&] {
+    seg = c10::make_intrusive<Segment>(spec->callbacks);
+  });
+  if (made != 0) {
+    spec->callbacks.drop(spec->callbacks.user);
+    return made;
   }
-  try {
+  return ckpt::guarded(ctx->error, [&] {
     install_counting_allocator();
     seg->name.assign(spec->name, spec->name_len);
     seg->preserve_rng_state = spec->preserve_rng_state != 0;
@@ -555,22 +488,17 @@ int32_t ckpt_apply(void* closure, ckpt_run_fn run, ckpt_drop_fn drop,
     listed.reserve(spec->n_params);
     for (size_t i = 0; i < spec->n_params; ++i) listed.push_back(*spec->params[i]);
     seg->params = ckpt::node_params(listed);
-    std::vector<at::Tensor> forward_outs = run_forward(*seg, in, fwd_ctx);
+    std::vector<at::Tensor> forward_outs = run_forward(*seg, in);
     std::vector<at::Tensor> params = seg->params;
     at::Tensor dummy = at::empty({0}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true);
     variable_list outs = CheckpointFunction::apply(dummy, at::TensorList(in), at::TensorList(params),
                                                    std::move(seg), &forward_outs);
-    for (const auto& o : outs) push_out(out_ctx, new at::Tensor(o));
-    return 0;
-  } catch (...) {
-    report(set_err, out_ctx, current_exception_message());
-    return 1;
-  }
+    for (const auto& o : outs) ctx->push(ctx->tensors, new at::Tensor(o));
+  });
 }
 
 int32_t ckpt_grad_enabled() { return c10::GradMode::is_enabled() ? 1 : 0; }
 
 int64_t ckpt_live_segments() { return g_live_segments.load(); }
-
 
 }  // extern "C"

@@ -1,6 +1,6 @@
-// What csrc/ckpt.cpp shares with csrc/memory.cpp and csrc/state.cpp: how a C++ failure
-// becomes an error message across the C boundary, whether CUDA is present, and the
-// generator and autocast state a segment records for its recompute.
+// What csrc/ckpt.cpp shares with csrc/memory.cpp and csrc/state.cpp: how their C++
+// errors are raised (the C boundary itself is csrc/ffi.h), whether CUDA is present, and
+// the generator and autocast state a segment records for its recompute.
 #pragma once
 
 #include <ATen/Context.h>
@@ -9,6 +9,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
+#include "ffi.h"
+
 #include <cstddef>
 #include <mutex>
 #include <set>
@@ -16,11 +18,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-extern "C" {
-// Reports an error message to the Rust caller's context (`set_error` of src/ffi.rs).
-typedef void (*ckpt_msg_fn)(void* ctx, const char* msg, size_t len);
-}
 
 namespace ckpt {
 
@@ -35,24 +32,6 @@ template <typename... Args>
 template <typename... Args>
 inline void check(bool ok, const Args&... args) {
   if (!ok) fail(args...);
-}
-
-inline std::string current_exception_message() {
-  try {
-    throw;
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown C++ exception";
-  }
-}
-
-inline void report(ckpt_msg_fn set_err, void* err_ctx, const std::string& msg) {
-  if (set_err != nullptr) {
-    set_err(err_ctx, msg.data(), msg.size());
-  }
 }
 
 // ---------------------------------------------------------------------------------

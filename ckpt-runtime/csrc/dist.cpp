@@ -2,9 +2,10 @@
 // Rust. TCPStore / PrefixStore for rendezvous, ProcessGroupGloo for CPU collectives,
 // and the DDP `c10d::Reducer` (bucketed gradient all-reduce overlapped with backward).
 //
-// Rules of this file (as in ckpt.cpp):
-// - every `extern "C"` entry point catches every C++ exception and reports its message
-//   through the caller's error callback, returning non-zero; nothing throws across FFI;
+// Rules of this file (as in ckpt.cpp; the boundary's types and helpers are csrc/ffi.h):
+// - every fallible `extern "C"` entry point runs in `ckpt::guarded`, which reports every
+//   C++ exception's message through the caller's error slot and returns non-zero;
+//   nothing throws across the boundary;
 // - handles are heap objects owned by Rust and freed by the matching `_free` function.
 
 #include <ATen/ATen.h>
@@ -42,38 +43,17 @@
 #include <string>
 #include <vector>
 
-typedef at::Tensor* tensor;
+#include "ffi.h"
 
-extern "C" {
-typedef void (*ckpt_msg_fn)(void* ctx, const char* msg, size_t len);
-typedef void (*ckpt_push_fn)(void* ctx, tensor t);
-}
+typedef ckpt_tensor tensor;
+
+using ckpt::guarded;
 
 namespace {
 
 template <typename... Args>
 [[noreturn]] void fail(const Args&... args) {
   throw std::runtime_error(c10::str(args...));
-}
-
-// Runs `f`; on a C++ exception reports its message (without libtorch's C++ backtrace)
-// and returns 1.
-template <typename F>
-int32_t guarded(void* err, ckpt_msg_fn set_err, F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const c10::Error& e) {
-    const std::string msg = e.what_without_backtrace();
-    set_err(err, msg.data(), msg.size());
-  } catch (const std::exception& e) {
-    const std::string msg = e.what();
-    set_err(err, msg.data(), msg.size());
-  } catch (...) {
-    const std::string msg = "unknown C++ exception";
-    set_err(err, msg.data(), msg.size());
-  }
-  return 1;
 }
 
 struct Store {

@@ -15,8 +15,6 @@
 
 using ckpt::check;
 using ckpt::cuda_present;
-using ckpt::current_exception_message;
-using ckpt::report;
 
 namespace {
 
@@ -132,29 +130,21 @@ void ckpt_cpu_reset_peak() { g_cpu_peak.store(g_cpu_current.load()); }
 
 void ckpt_cpu_raise_peak(int64_t bytes) { bump_peak(bytes); }
 
-int32_t ckpt_cuda_memory(int32_t device, int64_t* current, int64_t* peak, void* err_ctx,
-                         ckpt_msg_fn set_err) {
-  try {
+int32_t ckpt_cuda_memory(int32_t device, int64_t* current, int64_t* peak,
+                         const ckpt_error* err) {
+  return ckpt::guarded(*err, [&] {
     auto stats = cuda_allocator()->getDeviceStats(static_cast<c10::DeviceIndex>(device));
     const auto& s =
         stats.allocated_bytes[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
     *current = s.current;
     *peak = s.peak;
-    return 0;
-  } catch (...) {
-    report(set_err, err_ctx, current_exception_message());
-    return 1;
-  }
+  });
 }
 
-int32_t ckpt_cuda_reset_peak(int32_t device, void* err_ctx, ckpt_msg_fn set_err) {
-  try {
+int32_t ckpt_cuda_reset_peak(int32_t device, const ckpt_error* err) {
+  return ckpt::guarded(*err, [&] {
     cuda_allocator()->resetPeakStats(static_cast<c10::DeviceIndex>(device));
-    return 0;
-  } catch (...) {
-    report(set_err, err_ctx, current_exception_message());
-    return 1;
-  }
+  });
 }
 
 int32_t ckpt_cuda_available() { return cuda_present() ? 1 : 0; }

@@ -31,6 +31,7 @@
 // down its fused path, is recomputed as usual.
 
 #include "policy.h"
+#include "ffi.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

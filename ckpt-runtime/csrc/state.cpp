@@ -10,8 +10,6 @@
 
 #include "common.h"
 
-using ckpt::current_exception_message;
-using ckpt::report;
 using ckpt::RngState;
 
 extern "C" {
@@ -45,19 +43,14 @@ void ckpt_rng_restore(void* state) {
 // Sets the autocast state of a device type (0 = CPU, 1 = CUDA); the previous state is
 // written to `prev_enabled` / `prev_dtype` (ScalarType codes).
 int32_t ckpt_autocast_set(int32_t device_type, int32_t enabled, int32_t dtype,
-                          int32_t* prev_enabled, int32_t* prev_dtype, void* err_ctx,
-                          ckpt_msg_fn set_err) {
-  try {
+                          int32_t* prev_enabled, int32_t* prev_dtype, const ckpt_error* err) {
+  return ckpt::guarded(*err, [&] {
     const at::DeviceType dt = device_type == 1 ? at::kCUDA : at::kCPU;
     *prev_enabled = at::autocast::is_autocast_enabled(dt) ? 1 : 0;
     *prev_dtype = static_cast<int32_t>(at::autocast::get_autocast_dtype(dt));
     at::autocast::set_autocast_dtype(dt, static_cast<at::ScalarType>(dtype));
     at::autocast::set_autocast_enabled(dt, enabled != 0);
-    return 0;
-  } catch (...) {
-    report(set_err, err_ctx, current_exception_message());
-    return 1;
-  }
+  });
 }
 
 // torch.autocast's nesting count: the cast cache is cleared when the outermost region

@@ -1,13 +1,14 @@
 //! [`checkpoint`]: run a closure so that only its inputs are kept and it is recomputed
-//! in backward.
+//! in backward; the errors of a segment, and their messages, are made here.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind};
+use std::sync::{Arc, Mutex};
 
 use tch::Tensor;
 
-use crate::ffi::{self, ApplyError};
-use crate::{CkptError, ShallowClone, Stash};
+use crate::{CkptError, ShallowClone, Stash, ffi, lock};
 
 /// Options of one checkpointed segment, with PyTorch's defaults
 /// (`torch.utils.checkpoint.checkpoint`).
@@ -232,7 +233,32 @@ impl Policy {
 /// average. Batch norm's running statistics (`nn::BatchNorm`, `Tensor::batch_norm`,
 /// `Tensor::instance_norm`) need nothing: they are not updated in a recompute.
 pub fn is_recomputing() -> bool {
-    ffi::is_recomputing()
+    RECOMPUTING.with(|r| r.get() > 0)
+}
+
+thread_local! {
+    /// How many recomputes the calling thread is inside (nested checkpoints nest them).
+    static RECOMPUTING: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Counts the calling thread into a recompute while alive (when `recompute`).
+struct RecomputeFlag(bool);
+
+impl RecomputeFlag {
+    fn enter(recompute: bool) -> Self {
+        if recompute {
+            RECOMPUTING.with(|r| r.set(r.get() + 1));
+        }
+        RecomputeFlag(recompute)
+    }
+}
+
+impl Drop for RecomputeFlag {
+    fn drop(&mut self) {
+        if self.0 {
+            RECOMPUTING.with(|r| r.set(r.get() - 1));
+        }
+    }
 }
 
 /// Number of checkpointed segments alive: nodes in an autograd graph that still own their
@@ -290,7 +316,8 @@ pub fn live_segments() -> i64 {
 /// # Panics
 ///
 /// When [`f_checkpoint`] returns an error: `f` panicked in forward (the panic is caught
-/// in the FFI callback and re-raised here with its message) or libtorch failed.
+/// around `f`, inside the node's call, and re-raised here with its message) or libtorch
+/// failed.
 /// Failures during recompute surface from `loss.backward()` (tch panics) or
 /// `loss.f_backward()` (an `Err` whose message names the segment).
 ///
@@ -374,12 +401,58 @@ pub(crate) fn run_plain<T>(
     segment: impl FnOnce() -> String,
     f: impl FnOnce() -> T,
 ) -> Result<T, CkptError> {
-    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| CkptError::ClosurePanicked {
-        segment: segment(),
-        recompute: false,
-        message: ffi::panic_message(payload.as_ref()),
+    catch_panic(segment, false, f)
+}
+
+/// Runs user code `f`, turning a panic into [`CkptError::ClosurePanicked`] naming the
+/// segment `segment()`: the one place where a panic of user code becomes an error.
+fn catch_panic<T>(
+    segment: impl FnOnce() -> String,
+    recompute: bool,
+    f: impl FnOnce() -> T,
+) -> Result<T, CkptError> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
+        let message = panic_message(payload.as_ref());
+        // The payload's own `Drop` could panic too; it is leaked instead (this happens
+        // only on a panic, and the payload is small).
+        std::mem::forget(payload);
+        CkptError::ClosurePanicked {
+            segment: segment(),
+            recompute,
+            message,
+        }
     })
 }
+
+/// The message of a panic payload, without the C++ backtrace that libtorch appends to
+/// its errors (tch's panics carry it: `Exception raised from .. (most recent call
+/// first): frame #0 ..`), which would otherwise be repeated in every error naming the
+/// segment.
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
+    let message = if let Some(s) = payload.downcast_ref::<&str>() {
+        *s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.as_str()
+    } else {
+        return "panic payload is not a string".to_owned();
+    };
+    let Some(i) = message.find("Exception raised from") else {
+        return message.to_owned();
+    };
+    // The newline before it is real, or `\n` inside a Debug rendering (`unwrap()` on
+    // tch's `Err(Torch("…"))`), which then also loses its closing `")`.
+    let head = message[..i].trim_end().trim_end_matches("\\n").trim_end();
+    let close = if head.contains("(\"") && !head.ends_with("\")") {
+        "\")"
+    } else {
+        ""
+    };
+    format!("{head}{close}")
+}
+
+/// What the forward run of a segment leaves for [`run`] besides its tensors: the output's
+/// skeleton, or the closure's own error (C++ carries only its message).
+type Forward<S> = Arc<Mutex<Option<Result<S, CkptError>>>>;
 
 /// Runs `f(input)` as a segment named `name` (the macros and `checkpoint_sequential`
 /// name their segments themselves).
@@ -400,39 +473,56 @@ where
     }
     let mut stash = Vec::new();
     let skeleton = input.unpack(&mut stash);
-    let erased = move |tensors: Vec<Tensor>| {
-        let mut it = tensors.into_iter();
-        let input = I::pack(&skeleton, &mut it);
-        let output = f(input);
-        let mut out = Vec::new();
-        let out_skeleton = output.unpack(&mut out);
-        (out, Box::new(out_skeleton) as Box<dyn Any>)
-    };
+    let forward: Forward<O::Skeleton> = Arc::default();
+    let record = Arc::clone(&forward);
     let segment = name.clone();
+    let erased = move |tensors: Vec<Tensor>, recompute: bool| {
+        let _flag = RecomputeFlag::enter(recompute);
+        let ran = catch_panic(
+            || segment.clone(),
+            recompute,
+            || {
+                let output = f(I::pack(&skeleton, &mut tensors.into_iter()));
+                let mut out = Vec::new();
+                let out_skeleton = output.unpack(&mut out);
+                // The recompute's skeleton is dropped here, inside `catch_panic`.
+                (out, (!recompute).then_some(out_skeleton))
+            },
+        );
+        match ran {
+            Ok((out, out_skeleton)) => {
+                if let Some(out_skeleton) = out_skeleton {
+                    *lock(&record) = Some(Ok(out_skeleton));
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                if !recompute {
+                    *lock(&record) = Some(Err(e.clone()));
+                }
+                Err(e)
+            }
+        }
+    };
     let applied = {
         let _policy = ffi::PolicyGuard::set(options.policy.bits());
         ffi::apply(
             Box::new(erased),
-            name,
+            &name,
             &stash,
             &options.parameters.0,
             options.preserve_rng_state,
             options.determinism_check,
         )
     };
-    match applied {
-        Ok((tensors, skeleton)) => {
-            let skeleton = skeleton
-                .downcast::<O::Skeleton>()
-                .expect("ckpt: the forward skeleton has the output's type");
-            let mut it = tensors.into_iter();
-            Ok(O::pack(&skeleton, &mut it))
+    let forward = lock(&forward).take();
+    match (applied, forward) {
+        (Ok(tensors), Some(Ok(out_skeleton))) => {
+            Ok(O::pack(&out_skeleton, &mut tensors.into_iter()))
         }
-        Err(ApplyError::Panicked(message)) => Err(CkptError::ClosurePanicked {
-            segment,
-            recompute: false,
-            message,
-        }),
-        Err(ApplyError::Torch(message)) => Err(CkptError::Torch(message)),
+        // The closure failed in forward: its own error, not C++'s report of its message.
+        (_, Some(Err(e))) => Err(e),
+        (Err(message), _) => Err(CkptError::Torch(message)),
+        (Ok(_), None) => unreachable!("ckpt: forward succeeded without running the closure"),
     }
 }

@@ -1,26 +1,76 @@
-//! The `unsafe` boundary of the checkpoint node (`ckpt::dist` has its own, in
-//! `dist/ffi.rs`): declarations of `csrc/ckpt.cpp` and its siblings, and the Rust
-//! callbacks they call. Nothing here unwinds into C++: every callback runs Rust code
-//! inside `catch_unwind` and reports failure through the C++ sink.
+//! The C boundary of the runtime, mirroring `csrc/ffi.h`: the types that cross it, the
+//! callback table C++ calls back through, the C API of `csrc/*.cpp`, and safe wrappers
+//! over it (`ckpt::dist` declares `csrc/dist.cpp` in `dist/ffi.rs`, over the same types).
+//!
+//! Errors cross as raw messages through one error slot ([`ErrorSlot`], `ckpt_error`) in
+//! both directions, and nothing here formats one (the text users see is built in
+//! `checkpoint.rs` and `error.rs`, or is libtorch's own). C++ to Rust: every fallible
+//! C++ entry point reports its exceptions into the slot [`call_cpp`] passes. Rust to
+//! C++: every `extern "C"` callback body runs in [`guarded`], which catches panics and
+//! writes the message of a panic or of a [`CkptError`] into the slot C++ passed; C++
+//! throws it as a `std::runtime_error`. Nothing unwinds across the boundary.
 
-use std::any::Any;
-use std::cell::Cell;
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use tch::Tensor;
 use torch_sys::C_tensor;
 
-type RunFn =
-    extern "C" fn(*mut c_void, i32, *mut *mut C_tensor, usize, *mut c_void, *mut c_void) -> i32;
-type DropFn = extern "C" fn(*mut c_void);
-type PushFn = extern "C" fn(*mut c_void, *mut C_tensor);
-type MsgFn = extern "C" fn(*mut c_void, *const u8, usize);
+use crate::CkptError;
 
-/// `ckpt_segment_spec` of `csrc/ckpt.cpp`: what one segment is made of, besides its
-/// closure. The pointers borrow Rust values for the duration of one `ckpt_apply` call.
+/// `ckpt_msg_fn`: writes a message (`len` bytes of UTF-8) into a slot.
+pub(crate) type MsgFn = extern "C" fn(*mut c_void, *const u8, usize);
+/// `ckpt_push_fn`: hands a tensor's heap handle, and its ownership, to a list.
+pub(crate) type PushFn = extern "C" fn(*mut c_void, *mut C_tensor);
+type RunFn = extern "C" fn(*mut c_void, i32, *mut *mut C_tensor, usize, *const Ctx);
+type DropFn = extern "C" fn(*mut c_void);
+
+/// `ckpt_error`: the one error slot of a call; the callee that fails calls `set(slot, ..)`
+/// once with its raw message.
 #[repr(C)]
-struct SegmentSpec {
+#[derive(Clone, Copy)]
+pub(crate) struct ErrorSlot {
+    pub(crate) slot: *mut c_void,
+    pub(crate) set: MsgFn,
+}
+
+impl ErrorSlot {
+    fn report(&self, message: &str) {
+        (self.set)(self.slot, message.as_ptr(), message.len());
+    }
+}
+
+/// `ckpt_ctx`: where a callee hands back its tensors and its error.
+#[repr(C)]
+struct Ctx {
+    tensors: *mut c_void,
+    push: PushFn,
+    error: ErrorSlot,
+}
+
+impl Ctx {
+    /// Hands `t` to the caller, which takes over its heap handle.
+    fn push(&self, t: Tensor) {
+        let t = ManuallyDrop::new(t);
+        (self.push)(self.tensors, t.as_ptr() as *mut C_tensor);
+    }
+}
+
+/// `ckpt_callbacks`: the callback table, everything C++ calls in Rust. `user` is a leaked
+/// `Box<Box<ErasedFn>>`.
+#[repr(C)]
+struct Callbacks {
+    user: *mut c_void,
+    run: RunFn,
+    drop: DropFn,
+}
+
+/// `ckpt_segment`: one segment as `ckpt_apply` takes it. The pointers borrow Rust values
+/// for the duration of the call.
+#[repr(C)]
+struct Segment {
+    callbacks: Callbacks,
     inputs: *const *mut C_tensor,
     n_inputs: usize,
     params: *const *mut C_tensor,
@@ -32,18 +82,7 @@ struct SegmentSpec {
 }
 
 unsafe extern "C" {
-    fn ckpt_sink_push(sink: *mut c_void, t: *mut C_tensor);
-    fn ckpt_sink_error(sink: *mut c_void, msg: *const u8, len: usize);
-    fn ckpt_apply(
-        closure: *mut c_void,
-        run: RunFn,
-        drop: DropFn,
-        spec: *const SegmentSpec,
-        fwd_ctx: *mut c_void,
-        out_ctx: *mut c_void,
-        push_out: PushFn,
-        set_err: MsgFn,
-    ) -> i32;
+    fn ckpt_apply(segment: *const Segment, ctx: *const Ctx) -> i32;
     fn ckpt_policy_exchange(flags: u32) -> u32;
     fn ckpt_policy_probe_new(flags: u32) -> *mut c_void;
     fn ckpt_policy_probe_free(cache: *mut c_void);
@@ -61,10 +100,9 @@ unsafe extern "C" {
         device: i32,
         current: *mut i64,
         peak: *mut i64,
-        err: *mut c_void,
-        set_err: MsgFn,
+        err: *const ErrorSlot,
     ) -> i32;
-    fn ckpt_cuda_reset_peak(device: i32, err: *mut c_void, set_err: MsgFn) -> i32;
+    fn ckpt_cuda_reset_peak(device: i32, err: *const ErrorSlot) -> i32;
     fn ckpt_cuda_available() -> i32;
     fn ckpt_autocast_set(
         device_type: i32,
@@ -72,8 +110,7 @@ unsafe extern "C" {
         dtype: i32,
         prev_enabled: *mut i32,
         prev_dtype: *mut i32,
-        err: *mut c_void,
-        set_err: MsgFn,
+        err: *const ErrorSlot,
     ) -> i32;
     fn ckpt_autocast_enter();
     fn ckpt_rng_save() -> *mut c_void;
@@ -82,236 +119,168 @@ unsafe extern "C" {
     fn ckpt_running_stats_freeze(on: i32);
 }
 
-/// A segment's closure with its types erased: flat input tensors in, flat output tensors
-/// and the output's skeleton out. Panics are caught by the caller.
-pub(crate) type ErasedFn = dyn Fn(Vec<Tensor>) -> (Vec<Tensor>, Box<dyn Any>) + Send;
+/// A segment's closure with its types erased: flat input tensors and whether this is the
+/// recompute in, flat output tensors out, or the error to report (`checkpoint.rs` builds
+/// it, catching the panics of user code).
+pub(crate) type ErasedFn = dyn Fn(Vec<Tensor>, bool) -> Result<Vec<Tensor>, CkptError> + Send;
 
-struct Closure {
-    run: Box<ErasedFn>,
-    name: String,
-}
-
-/// What the forward run of a segment hands back to [`apply`] besides the tensors.
-#[derive(Default)]
-struct ForwardSlot {
-    skeleton: Option<Box<dyn Any>>,
-    panic: Option<String>,
-}
-
-#[derive(Default)]
-struct Outputs {
-    tensors: Vec<Tensor>,
-    error: Option<String>,
-}
-
-thread_local! {
-    static RECOMPUTING: Cell<u32> = const { Cell::new(0) };
-}
-
-pub(crate) fn is_recomputing() -> bool {
-    RECOMPUTING.with(|r| r.get() > 0)
-}
-
-struct RecomputeFlag(bool);
-
-impl RecomputeFlag {
-    fn enter(recompute: bool) -> Self {
-        if recompute {
-            RECOMPUTING.with(|r| r.set(r.get() + 1));
+/// Runs the body of an `extern "C"` callback: a panic, or an error it returns, becomes
+/// its raw message in `error` (dropped where there is no slot to report to: freeing a
+/// closure, receiving a C++ result); nothing unwinds into C++.
+pub(crate) fn guarded(error: Option<&ErrorSlot>, body: impl FnOnce() -> Result<(), CkptError>) {
+    let message = match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e.to_string(),
+        Err(payload) => {
+            let message = crate::checkpoint::panic_message(payload.as_ref());
+            // The payload's own `Drop` could panic too; it is leaked instead (this happens
+            // only on a panic, and the payload is small).
+            std::mem::forget(payload);
+            message
         }
-        RecomputeFlag(recompute)
+    };
+    if let Some(slot) = error {
+        slot.report(&message);
     }
 }
 
-impl Drop for RecomputeFlag {
-    fn drop(&mut self) {
-        if self.0 {
-            RECOMPUTING.with(|r| r.set(r.get() - 1));
-        }
-    }
-}
-
-/// The message of a panic payload, without the C++ backtrace that libtorch appends to
-/// its errors (tch's panics carry it: `Exception raised from .. (most recent call
-/// first): frame #0 ..`), which would otherwise be repeated in every error naming the
-/// segment.
-pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
-    let message = if let Some(s) = payload.downcast_ref::<&str>() {
-        *s
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.as_str()
-    } else {
-        return "panic payload is not a string".to_owned();
-    };
-    let Some(i) = message.find("Exception raised from") else {
-        return message.to_owned();
-    };
-    // The newline before it is real, or `\n` inside a Debug rendering (`unwrap()` on
-    // tch's `Err(Torch("…"))`), which then also loses its closing `")`.
-    let head = message[..i].trim_end().trim_end_matches("\\n").trim_end();
-    let close = if head.contains("(\"") && !head.ends_with("\")") {
-        "\")"
-    } else {
-        ""
-    };
-    format!("{head}{close}")
-}
-
-extern "C" fn run_callback(
-    closure: *mut c_void,
+/// `callbacks.run`: runs the segment's closure for C++ (its forward, or its recompute).
+extern "C" fn run_closure(
+    user: *mut c_void,
     recompute: i32,
     inputs: *mut *mut C_tensor,
     n: usize,
-    sink: *mut c_void,
-    fwd_ctx: *mut c_void,
-) -> i32 {
-    // Everything that runs Rust code, dropping values included, stays inside
-    // `catch_unwind`: a panic, even from a `Drop` impl of an output or of a panic
-    // payload, must not unwind into C++.
-    // SAFETY: `closure` is the `Box<Closure>` leaked in `apply`; the C++ `Segment` that
-    // owns it outlives this call and only drops it through `drop_callback`.
-    let closure = unsafe { &*(closure as *const Closure) };
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
+    ctx: *const Ctx,
+) {
+    // SAFETY: `ctx` is the `ckpt_ctx` that C++'s `call_rust` made for this call; it lives
+    // on C++'s stack until the call returns.
+    let ctx = unsafe { &*ctx };
+    guarded(Some(&ctx.error), || {
         // SAFETY: C++ passes `n` pointers from `new at::Tensor(..)` and hands their
-        // ownership to this callback; `Tensor::from_ptr` takes it (freed on drop).
+        // ownership to this call; `Tensor::from_ptr` takes it (freed on drop).
         let tensors: Vec<Tensor> = (0..n)
             .map(|i| unsafe { Tensor::from_ptr(*inputs.add(i)) })
             .collect();
-        let _flag = RecomputeFlag::enter(recompute != 0);
-        match catch_unwind(AssertUnwindSafe(|| (closure.run)(tensors))) {
-            Ok((outputs, skeleton)) => {
-                for t in &outputs {
-                    // SAFETY: `sink` is the live C++ `Sink` of this call; it copies the
-                    // tensor handle (a refcount increment), so `outputs` may be dropped.
-                    unsafe { ckpt_sink_push(sink, t.as_ptr() as *mut C_tensor) };
-                }
-                drop(outputs);
-                if fwd_ctx.is_null() {
-                    drop(skeleton);
-                } else {
-                    // SAFETY: during forward `fwd_ctx` is the `ForwardSlot` on `apply`'s
-                    // stack.
-                    unsafe { (*(fwd_ctx as *mut ForwardSlot)).skeleton = Some(skeleton) };
-                }
-                Ok(())
-            }
-            Err(payload) => {
-                let message = panic_message(payload.as_ref());
-                // The payload's own `Drop` could panic too; it is leaked instead (this
-                // happens only on a panic, and the payload is small).
-                std::mem::forget(payload);
-                Err(message)
-            }
+        // SAFETY: `user` is the `Box<Box<ErasedFn>>` leaked in `apply`. The C++ node owns
+        // it and frees it only through `drop_closure`, after its last call, so the pointer
+        // is alive. `ErasedFn` is `Send` but not `Sync`, so a shared reference to it is
+        // sound only while no other thread calls it: calls never overlap, because the
+        // forward call happens inside `ckpt_apply` before the node exists, and every later
+        // call is the node's backward, which libtorch runs holding the node's mutex
+        // (`CppNode::apply` in torch/csrc/autograd/custom_function.h).
+        let closure = unsafe { &*(user as *const Box<ErasedFn>) };
+        for t in closure(tensors, recompute != 0)? {
+            ctx.push(t);
         }
-    }));
-    let message = match outcome {
-        Ok(Ok(())) => return 0,
-        Ok(Err(message)) => message,
-        Err(payload) => {
-            std::mem::forget(payload);
-            "dropping a value at the end of the segment panicked".to_owned()
-        }
+        Ok(())
+    });
+}
+
+/// `callbacks.drop`: frees the segment's closure.
+extern "C" fn drop_closure(user: *mut c_void) {
+    guarded(None, || {
+        // SAFETY: called exactly once, by the C++ `Segment`'s destructor (or by
+        // `ckpt_apply` when it could not make one), on the pointer that `apply` leaked with
+        // `Box::into_raw`; no call of `run_closure` is in flight then.
+        drop(unsafe { Box::from_raw(user as *mut Box<ErasedFn>) });
+        Ok(())
+    });
+}
+
+/// `ckpt_push_fn` into a `Vec<Tensor>`: receives a tensor from C++.
+pub(crate) extern "C" fn push_tensor(sink: *mut c_void, t: *mut C_tensor) {
+    guarded(None, || {
+        // SAFETY: `sink` is the `Vec<Tensor>` of the Rust caller of the C++ entry point
+        // that calls this, alive until that entry point returns; `t` comes from
+        // `new at::Tensor(..)` and C++ hands its ownership over.
+        unsafe { (*(sink as *mut Vec<Tensor>)).push(Tensor::from_ptr(t)) };
+        Ok(())
+    });
+}
+
+/// The Rust end of an [`ErrorSlot`]: the message a C++ entry point reported.
+#[derive(Default)]
+struct Message(Option<String>);
+
+/// `ckpt_msg_fn` into a [`Message`].
+extern "C" fn set_message(slot: *mut c_void, msg: *const u8, len: usize) {
+    guarded(None, || {
+        // SAFETY: C++ passes `len` bytes at `msg`, alive for the call.
+        let bytes = unsafe { std::slice::from_raw_parts(msg, len) };
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        // SAFETY: `slot` is the `Message` on `call_cpp`'s stack, alive until the C++
+        // entry point that calls this returns.
+        unsafe { (*(slot as *mut Message)).0 = Some(text) };
+        Ok(())
+    });
+}
+
+/// Calls a C++ entry point, `f(slot)`, with an error slot: `Ok` when it returns 0, else
+/// the raw message it reported (`None` if it reported none).
+pub(crate) fn call_cpp(f: impl FnOnce(&ErrorSlot) -> i32) -> Result<(), Option<String>> {
+    let mut message = Message::default();
+    let slot = ErrorSlot {
+        slot: &mut message as *mut Message as *mut c_void,
+        set: set_message,
     };
-    let err = crate::CkptError::ClosurePanicked {
-        segment: closure.name.clone(),
-        recompute: recompute != 0,
-        message: message.clone(),
+    if f(&slot) == 0 {
+        Ok(())
+    } else {
+        Err(message.0)
     }
-    .to_string();
-    if !fwd_ctx.is_null() {
-        // SAFETY: as above.
-        unsafe { (*(fwd_ctx as *mut ForwardSlot)).panic = Some(message) };
-    }
-    // SAFETY: `sink` is the live C++ `Sink` of this call.
-    unsafe { ckpt_sink_error(sink, err.as_ptr(), err.len()) };
-    1
 }
 
-extern "C" fn drop_callback(closure: *mut c_void) {
-    // SAFETY: called exactly once, by the C++ `Segment` destructor, on the pointer that
-    // `apply` leaked with `Box::into_raw`.
-    let boxed = unsafe { Box::from_raw(closure as *mut Closure) };
-    // Dropping captured tensors does not panic; if user code in a Drop impl does, the
-    // panic stops here instead of unwinding into C++.
-    let _ = catch_unwind(AssertUnwindSafe(move || drop(boxed)));
-}
-
-extern "C" fn push_output(ctx: *mut c_void, t: *mut C_tensor) {
-    // SAFETY: `ctx` is the `Outputs` on `apply`'s stack; `t` comes from
-    // `new at::Tensor(..)` and its ownership passes to the Rust `Tensor`.
-    unsafe { (*(ctx as *mut Outputs)).tensors.push(Tensor::from_ptr(t)) };
-}
-
-extern "C" fn set_error(ctx: *mut c_void, msg: *const u8, len: usize) {
-    // SAFETY: C++ passes a valid (pointer, length) of its own string, alive for the call.
-    let bytes = unsafe { std::slice::from_raw_parts(msg, len) };
-    let text = String::from_utf8_lossy(bytes).into_owned();
-    // SAFETY: `ctx` is an `Outputs` on the caller's stack, alive for the call.
-    unsafe { (*(ctx as *mut Outputs)).error = Some(text) };
-}
-
-/// What [`apply`] returns on failure.
-pub(crate) enum ApplyError {
-    Panicked(String),
-    Torch(String),
-}
-
-/// Runs `run` as a checkpointed segment through the C++ node and returns its output
-/// tensors and skeleton. `params` are tensors `run` captured; those that are leaves
-/// requiring grad become inputs of the node (`csrc/params.cpp`).
+/// Runs `run` as a checkpointed segment named `name` through the C++ node and returns
+/// its output tensors; `Err` holds the raw message of a failure, libtorch's or the one
+/// `run` reported. `params` are tensors `run` captured; those that are leaves requiring
+/// grad become inputs of the node (`csrc/params.cpp`).
 pub(crate) fn apply(
     run: Box<ErasedFn>,
-    name: String,
+    name: &str,
     inputs: &[Tensor],
     params: &[Tensor],
     preserve_rng_state: bool,
     determinism_check: bool,
-) -> Result<(Vec<Tensor>, Box<dyn Any>), ApplyError> {
-    let name_bytes = name.clone().into_bytes();
-    let closure = Box::into_raw(Box::new(Closure { run, name })) as *mut c_void;
+) -> Result<Vec<Tensor>, String> {
     let ptrs = |ts: &[Tensor]| -> Vec<*mut C_tensor> {
         ts.iter().map(|t| t.as_ptr() as *mut C_tensor).collect()
     };
     let (input_ptrs, param_ptrs) = (ptrs(inputs), ptrs(params));
-    let spec = SegmentSpec {
+    let segment = Segment {
+        callbacks: Callbacks {
+            user: Box::into_raw(Box::new(run)) as *mut c_void,
+            run: run_closure,
+            drop: drop_closure,
+        },
         inputs: input_ptrs.as_ptr(),
         n_inputs: input_ptrs.len(),
         params: param_ptrs.as_ptr(),
         n_params: param_ptrs.len(),
-        name: name_bytes.as_ptr(),
-        name_len: name_bytes.len(),
+        name: name.as_ptr(),
+        name_len: name.len(),
         preserve_rng_state: preserve_rng_state as i32,
         determinism_check: determinism_check as i32,
     };
-    let mut slot = ForwardSlot::default();
-    let mut out = Outputs::default();
-    // SAFETY: `ckpt_apply` takes ownership of `closure` (dropping it through
-    // `drop_callback`); `spec`'s pointers stay valid for the call because `input_ptrs`,
-    // `param_ptrs` and `name_bytes` live to the end of this function and `inputs` and
-    // `params` borrow the tensors they point to (C++ copies what it keeps); `slot` and
-    // `out` outlive the call; `SegmentSpec` and the callbacks match the C++ declarations.
-    let rc = unsafe {
-        ckpt_apply(
-            closure,
-            run_callback,
-            drop_callback,
-            &spec,
-            &mut slot as *mut ForwardSlot as *mut c_void,
-            &mut out as *mut Outputs as *mut c_void,
-            push_output,
-            set_error,
-        )
-    };
-    if rc != 0 {
-        return Err(match slot.panic {
-            Some(message) => ApplyError::Panicked(message),
-            None => ApplyError::Torch(out.error.unwrap_or_else(|| "unknown error".to_owned())),
-        });
+    let mut outputs: Vec<Tensor> = Vec::new();
+    let sink = &mut outputs as *mut Vec<Tensor> as *mut c_void;
+    let applied = call_cpp(|error| {
+        let ctx = Ctx {
+            tensors: sink,
+            push: push_tensor,
+            error: *error,
+        };
+        // SAFETY: `ckpt_apply` takes ownership of `segment.callbacks.user` (freeing it
+        // through `drop_closure`); `segment`'s pointers stay valid for the call because
+        // `input_ptrs`, `param_ptrs` and `name` outlive it and `inputs` and `params`
+        // borrow the tensors they point to (C++ copies what it keeps); `ctx` and the
+        // `outputs` it points to outlive the call; `Segment` and `Ctx` match `ckpt_segment`
+        // and `ckpt_ctx` of `csrc/ffi.h`.
+        unsafe { ckpt_apply(&segment, &ctx) }
+    });
+    match applied {
+        Ok(()) => Ok(outputs),
+        Err(message) => Err(message.unwrap_or_else(|| "unknown error".to_owned())),
     }
-    let skeleton = slot
-        .skeleton
-        .expect("ckpt: forward succeeded without a skeleton");
-    Ok((out.tensors, skeleton))
 }
 
 /// Sets the selective-checkpointing policy bits of the segments this thread creates
@@ -430,63 +399,39 @@ pub(crate) fn cuda_available() -> bool {
 
 pub(crate) fn cuda_memory(device: usize) -> Result<(i64, i64), String> {
     let (mut current, mut peak) = (0i64, 0i64);
-    let mut out = Outputs::default();
-    // SAFETY: the out-pointers are valid for the call; `out` outlives it.
-    let rc = unsafe {
-        ckpt_cuda_memory(
-            device as i32,
-            &mut current,
-            &mut peak,
-            &mut out as *mut Outputs as *mut c_void,
-            set_error,
-        )
-    };
-    if rc == 0 {
-        Ok((current, peak))
-    } else {
-        Err(out.error.unwrap_or_default())
-    }
+    call_cpp(|err| {
+        // SAFETY: the out-pointers and `err` are valid for the call.
+        unsafe { ckpt_cuda_memory(device as i32, &mut current, &mut peak, err) }
+    })
+    .map_err(Option::unwrap_or_default)?;
+    Ok((current, peak))
 }
 
 pub(crate) fn cuda_reset_peak(device: usize) -> Result<(), String> {
-    let mut out = Outputs::default();
-    // SAFETY: `out` outlives the call.
-    let rc = unsafe {
-        ckpt_cuda_reset_peak(
-            device as i32,
-            &mut out as *mut Outputs as *mut c_void,
-            set_error,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(out.error.unwrap_or_default())
-    }
+    // SAFETY: `err` is valid for the call.
+    call_cpp(|err| unsafe { ckpt_cuda_reset_peak(device as i32, err) })
+        .map_err(Option::unwrap_or_default)
 }
 
 /// Sets the autocast state of CPU (`cuda = false`) or CUDA; returns the previous
 /// `(enabled, dtype code)`.
 pub(crate) fn autocast_set(cuda: bool, enabled: bool, dtype: i32) -> Result<(bool, i32), String> {
     let (mut prev_enabled, mut prev_dtype) = (0i32, 0i32);
-    let mut out = Outputs::default();
-    // SAFETY: the out-pointers and `out` are valid for the call; C++ catches exceptions.
-    let rc = unsafe {
-        ckpt_autocast_set(
-            cuda as i32,
-            enabled as i32,
-            dtype,
-            &mut prev_enabled,
-            &mut prev_dtype,
-            &mut out as *mut Outputs as *mut c_void,
-            set_error,
-        )
-    };
-    if rc == 0 {
-        Ok((prev_enabled != 0, prev_dtype))
-    } else {
-        Err(out.error.unwrap_or_default())
-    }
+    call_cpp(|err| {
+        // SAFETY: the out-pointers and `err` are valid for the call.
+        unsafe {
+            ckpt_autocast_set(
+                cuda as i32,
+                enabled as i32,
+                dtype,
+                &mut prev_enabled,
+                &mut prev_dtype,
+                err,
+            )
+        }
+    })
+    .map_err(Option::unwrap_or_default)?;
+    Ok((prev_enabled != 0, prev_dtype))
 }
 
 pub(crate) fn autocast_enter() {
@@ -559,5 +504,68 @@ impl Drop for FrozenRunningStats {
         // SAFETY: decrements the counter that `new` incremented, on the same thread (the
         // guard is not `Send`).
         unsafe { ckpt_running_stats_freeze(0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `guarded` writes into an error slot when it runs `body`.
+    fn report_of(body: impl FnOnce() -> Result<(), CkptError>) -> Option<String> {
+        let mut seen = Message::default();
+        let slot = ErrorSlot {
+            slot: &mut seen as *mut Message as *mut c_void,
+            set: set_message,
+        };
+        guarded(Some(&slot), body);
+        seen.0
+    }
+
+    #[test]
+    fn guarded_reports_the_raw_message_of_an_error() {
+        let e = CkptError::Torch("boom".into());
+        assert_eq!(report_of(|| Err(e)), Some("libtorch: boom".to_owned()));
+    }
+
+    #[test]
+    fn guarded_reports_the_raw_message_of_a_panic_and_does_not_unwind() {
+        let r = report_of(|| panic!("the callback panicked"));
+        assert_eq!(r, Some("the callback panicked".to_owned()));
+        let r = report_of(|| std::panic::panic_any(7u8));
+        assert_eq!(r, Some("panic payload is not a string".to_owned()));
+    }
+
+    #[test]
+    fn guarded_reports_nothing_on_success() {
+        assert_eq!(report_of(|| Ok(())), None);
+    }
+
+    #[test]
+    fn call_cpp_returns_the_message_the_callee_reported() {
+        let r = call_cpp(|slot| {
+            slot.report("c10d: no peer");
+            1
+        });
+        assert_eq!(r, Err(Some("c10d: no peer".to_owned())));
+        assert_eq!(call_cpp(|_| 1), Err(None));
+        assert_eq!(call_cpp(|_| 0), Ok(()));
+    }
+
+    #[test]
+    fn pushing_a_tensor_hands_its_handle_over() {
+        let t = Tensor::from_slice(&[1.0f32, 2.0]);
+        let mut sink: Vec<Tensor> = Vec::new();
+        let ctx = Ctx {
+            tensors: &mut sink as *mut Vec<Tensor> as *mut c_void,
+            push: push_tensor,
+            error: ErrorSlot {
+                slot: std::ptr::null_mut(),
+                set: set_message,
+            },
+        };
+        ctx.push(t.shallow_clone());
+        assert_eq!(sink.len(), 1);
+        assert!(sink[0].is_set_to(&t), "the same tensor, not a copy");
     }
 }

@@ -350,7 +350,7 @@ impl FnChain {
                 let cached = self.plans().get(&key).cloned();
                 let plan = match cached {
                     Some(p) => p,
-                    None if crate::ffi::is_recomputing() => return None,
+                    None if crate::is_recomputing() => return None,
                     None => {
                         let made = profile_env(self, stages, options, fns, env)
                             .and_then(|costs| costs.plan(&objective));

@@ -103,7 +103,7 @@ impl ModelPlans {
         {
             return Ok((plan.ranges(), plan.policies().to_vec()));
         }
-        if crate::ffi::is_recomputing() && !lock(&self.profiles).contains_key(&key) {
+        if crate::is_recomputing() && !lock(&self.profiles).contains_key(&key) {
             return Ok(fixed(ckpt_budget::cut_ranges(&[], len)));
         }
         let plan = self.plan(len, input, train, profile)?;
@@ -163,7 +163,7 @@ impl ModelPlans {
         {
             return Ok(plan.ranges());
         }
-        if crate::ffi::is_recomputing() && !lock(&self.profiles).contains_key(&key) {
+        if crate::is_recomputing() && !lock(&self.profiles).contains_key(&key) {
             return Ok(ckpt_budget::cut_ranges(&[], len));
         }
         Ok(self.plan(len, input, train, profile)?.ranges())

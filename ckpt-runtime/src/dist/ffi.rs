@@ -1,7 +1,7 @@
-//! The `unsafe` boundary of `ckpt::dist`: declarations of `csrc/dist.cpp` and safe
-//! wrappers over them. Every C++ entry point catches its exceptions and reports them
-//! through [`ErrSlot`]; nothing unwinds across the boundary in either direction (the
-//! callbacks here cannot panic).
+//! The C boundary of `ckpt::dist`: declarations of `csrc/dist.cpp` and safe wrappers
+//! over them, on the types and helpers of `ffi.rs` (`csrc/ffi.h`). Every C++ entry point
+//! reports its exceptions through the error slot of [`call`] (`ckpt::guarded` in C++); the
+//! callbacks it calls run in `ffi::guarded`; nothing unwinds across the boundary.
 
 use std::ffi::c_void;
 
@@ -9,9 +9,7 @@ use tch::Tensor;
 use torch_sys::C_tensor;
 
 use crate::CkptError;
-
-type MsgFn = extern "C" fn(*mut c_void, *const u8, usize);
-type PushFn = extern "C" fn(*mut c_void, *mut C_tensor);
+use crate::ffi::{MsgFn, PushFn, guarded, push_tensor};
 
 unsafe extern "C" {
     #[allow(clippy::too_many_arguments)]
@@ -153,53 +151,29 @@ unsafe extern "C" {
     ) -> i32;
 }
 
-/// Where a C++ entry point leaves its error message.
-#[derive(Default)]
-struct ErrSlot(Option<String>);
-
-extern "C" fn set_err(ctx: *mut c_void, msg: *const u8, len: usize) {
-    // SAFETY: `ctx` is the `&mut ErrSlot` (or `&mut Vec<u8>` for byte results) passed by
-    // the caller of this very call and alive for its duration; C++ passes `len` valid
-    // bytes at `msg`.
-    let (slot, bytes) = unsafe {
-        (
-            &mut *(ctx as *mut ErrSlot),
-            std::slice::from_raw_parts(msg, len),
-        )
-    };
-    slot.0 = Some(String::from_utf8_lossy(bytes).into_owned());
-}
-
-extern "C" fn push_bytes(ctx: *mut c_void, msg: *const u8, len: usize) {
-    // SAFETY: as in `set_err`, with `ctx` a `&mut Vec<u8>`.
-    let (out, bytes) = unsafe {
-        (
-            &mut *(ctx as *mut Vec<u8>),
-            std::slice::from_raw_parts(msg, len),
-        )
-    };
-    out.extend_from_slice(bytes);
-}
-
-extern "C" fn push_tensor(ctx: *mut c_void, t: *mut C_tensor) {
-    // SAFETY: `ctx` is the caller's `&mut Vec<Tensor>`, alive for the call; `t` is a
-    // `new at::Tensor(..)` whose ownership C++ hands over.
-    unsafe { (*(ctx as *mut Vec<Tensor>)).push(Tensor::from_ptr(t)) };
-}
-
-/// Runs a C++ entry point with an error slot; `Err(CkptError::Dist)` with its message
-/// when it reports one.
-fn call(f: impl FnOnce(*mut c_void) -> i32) -> Result<(), CkptError> {
-    let mut slot = ErrSlot::default();
-    let rc = f(&mut slot as *mut ErrSlot as *mut c_void);
-    if rc == 0 {
+/// `ckpt_msg_fn` appending to a `Vec<u8>`: receives bytes from C++.
+extern "C" fn push_bytes(sink: *mut c_void, msg: *const u8, len: usize) {
+    guarded(None, || {
+        // SAFETY: `sink` is the `Vec<u8>` of the Rust caller of the C++ entry point that
+        // calls this, alive until that entry point returns; C++ passes `len` bytes at
+        // `msg`, alive for the call.
+        let (out, bytes) = unsafe {
+            (
+                &mut *(sink as *mut Vec<u8>),
+                std::slice::from_raw_parts(msg, len),
+            )
+        };
+        out.extend_from_slice(bytes);
         Ok(())
-    } else {
-        Err(CkptError::Dist(
-            slot.0
-                .unwrap_or_else(|| "c10d failed without a message".into()),
-        ))
-    }
+    });
+}
+
+/// Runs a C++ entry point, `f(err, set_err)`, with an error slot (`ffi::call_cpp`);
+/// `Err(CkptError::Dist)` with its message when it reports one.
+fn call(f: impl FnOnce(*mut c_void, MsgFn) -> i32) -> Result<(), CkptError> {
+    crate::ffi::call_cpp(|slot| f(slot.slot, slot.set)).map_err(|message| {
+        CkptError::Dist(message.unwrap_or_else(|| "c10d failed without a message".into()))
+    })
 }
 
 fn ptr(t: &Tensor) -> *mut C_tensor {
@@ -230,7 +204,7 @@ impl RawStore {
         prefix: &str,
     ) -> Result<Self, CkptError> {
         let mut out = std::ptr::null_mut();
-        call(|err| {
+        call(|err, set_err| {
             // SAFETY: strings are passed with their lengths; `out` and `err` outlive the call.
             unsafe {
                 ckpt_dist_store_new(
@@ -253,7 +227,7 @@ impl RawStore {
 
     pub(crate) fn set(&self, key: &str, value: &[u8]) -> Result<(), CkptError> {
         // SAFETY: slices are passed with their lengths; `self.0` is live.
-        call(|err| unsafe {
+        call(|err, set_err| unsafe {
             ckpt_dist_store_set(
                 self.0,
                 key.as_ptr(),
@@ -270,7 +244,7 @@ impl RawStore {
         let mut out = Vec::new();
         let ctx = &mut out as *mut Vec<u8> as *mut c_void;
         // SAFETY: `ctx` is the live `out`; `self.0` is live.
-        call(|err| unsafe {
+        call(|err, set_err| unsafe {
             ckpt_dist_store_get(
                 self.0,
                 key.as_ptr(),
@@ -319,7 +293,7 @@ impl RawGroup {
         threads: i32,
     ) -> Result<Self, CkptError> {
         let mut out = std::ptr::null_mut();
-        call(|err| {
+        call(|err, set_err| {
             // SAFETY: strings with lengths; `store.0` is live; `out`/`err` outlive the call.
             unsafe {
                 ckpt_dist_pg_new_gloo(
@@ -350,7 +324,7 @@ impl RawGroup {
         timeout_ms: i64,
     ) -> Result<Self, CkptError> {
         let mut out = std::ptr::null_mut();
-        call(|err| {
+        call(|err, set_err| {
             // SAFETY: `store.0` is live; `out`/`err` outlive the call.
             unsafe {
                 ckpt_dist_pg_new_nccl(
@@ -369,18 +343,18 @@ impl RawGroup {
 
     pub(crate) fn all_reduce(&self, t: &Tensor, op: i32) -> Result<(), CkptError> {
         // SAFETY: `t` is a live tensor; `self.0` is live.
-        call(|err| unsafe { ckpt_dist_all_reduce(self.0, ptr(t), op, err, set_err) })
+        call(|err, set_err| unsafe { ckpt_dist_all_reduce(self.0, ptr(t), op, err, set_err) })
     }
 
     pub(crate) fn broadcast(&self, t: &Tensor, root: i32) -> Result<(), CkptError> {
         // SAFETY: as in `all_reduce`.
-        call(|err| unsafe { ckpt_dist_broadcast(self.0, ptr(t), root, err, set_err) })
+        call(|err, set_err| unsafe { ckpt_dist_broadcast(self.0, ptr(t), root, err, set_err) })
     }
 
     pub(crate) fn all_gather(&self, outs: &[Tensor], input: &Tensor) -> Result<(), CkptError> {
         let ptrs: Vec<_> = outs.iter().map(ptr).collect();
         // SAFETY: `ptrs` holds live tensors and outlives the call.
-        call(|err| unsafe {
+        call(|err, set_err| unsafe {
             ckpt_dist_all_gather(self.0, ptrs.as_ptr(), ptrs.len(), ptr(input), err, set_err)
         })
     }
@@ -393,7 +367,7 @@ impl RawGroup {
     ) -> Result<(), CkptError> {
         let ptrs: Vec<_> = inputs.iter().map(ptr).collect();
         // SAFETY: as in `all_gather`.
-        call(|err| unsafe {
+        call(|err, set_err| unsafe {
             ckpt_dist_reduce_scatter(
                 self.0,
                 ptr(output),
@@ -414,7 +388,7 @@ impl RawGroup {
     ) -> Result<(), CkptError> {
         let ptrs: Vec<_> = ts.iter().map(ptr).collect();
         // SAFETY: `ptrs` holds live tensors and outlives the call; `self.0` is live.
-        call(|err| unsafe {
+        call(|err, set_err| unsafe {
             ckpt_dist_broadcast_coalesced(
                 self.0,
                 ptrs.as_ptr(),
@@ -429,7 +403,7 @@ impl RawGroup {
 
     pub(crate) fn barrier(&self) -> Result<(), CkptError> {
         // SAFETY: `self.0` is live.
-        call(|err| unsafe { ckpt_dist_barrier(self.0, err, set_err) })
+        call(|err, set_err| unsafe { ckpt_dist_barrier(self.0, err, set_err) })
     }
 }
 
@@ -460,7 +434,7 @@ impl RawDdp {
         let ps: Vec<_> = params.iter().map(ptr).collect();
         let bs: Vec<_> = buffers.iter().map(ptr).collect();
         let mut out = std::ptr::null_mut();
-        call(|err| {
+        call(|err, set_err| {
             // SAFETY: `ps`/`bs` hold live tensors and outlive the call; `group.0` is live.
             unsafe {
                 ckpt_ddp_new(
@@ -485,7 +459,7 @@ impl RawDdp {
 
     pub(crate) fn pre_forward(&self, sync: bool) -> Result<(), CkptError> {
         // SAFETY: `self.0` is live.
-        call(|err| unsafe { ckpt_ddp_pre_forward(self.0, sync as i32, err, set_err) })
+        call(|err, set_err| unsafe { ckpt_ddp_pre_forward(self.0, sync as i32, err, set_err) })
     }
 
     pub(crate) fn post_forward(
@@ -497,7 +471,7 @@ impl RawDdp {
         let mut out: Vec<Tensor> = Vec::with_capacity(outputs.len());
         let ctx = &mut out as *mut Vec<Tensor> as *mut c_void;
         // SAFETY: `ps` holds live tensors; `ctx` is the live `out`.
-        call(|err| unsafe {
+        call(|err, set_err| unsafe {
             ckpt_ddp_post_forward(
                 self.0,
                 ps.as_ptr(),
@@ -516,7 +490,7 @@ impl RawDdp {
         let mut out = Vec::new();
         let ctx = &mut out as *mut Vec<u8> as *mut c_void;
         // SAFETY: `ctx` is the live `out`.
-        call(|err| unsafe { ckpt_ddp_describe(self.0, ctx, push_bytes, err, set_err) })?;
+        call(|err, set_err| unsafe { ckpt_ddp_describe(self.0, ctx, push_bytes, err, set_err) })?;
         Ok(String::from_utf8_lossy(&out).into_owned())
     }
 }
