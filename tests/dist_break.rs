@@ -341,25 +341,55 @@ const D: i64 = 16;
 const ROWS: i64 = 4;
 const STEPS: i64 = 4;
 
-/// Four hidden layers and a head, run in checkpointed segments as `case` says.
+/// Four hidden layers and a head, run in checkpointed segments as `case` says; for
+/// `model_macro`, a `model!` chain instead.
 struct Net {
     l: Vec<nn::Linear>,
     head: nn::Linear,
+    chain: Option<Chain>,
 }
 
-fn net(vs: &nn::VarStore) -> Net {
+ckpt::model! {
+    /// `[batch, D]` → `[batch, 2]`: three layers and a head, in 2 checkpointed segments.
+    #[checkpointed(segments = 2)]
+    struct Chain(p) {
+        c0: nn::Linear = nn::linear(p / "c0", D, D, Default::default()),
+        |x| x.gelu("none"),
+        c1: nn::Linear = nn::linear(p / "c1", D, D, Default::default()),
+        |x| x.gelu("none"),
+        c2: nn::Linear = nn::linear(p / "c2", D, D, Default::default()),
+        |x| x.tanh(),
+        chead: nn::Linear = nn::linear(p / "chead", D, 2, Default::default()),
+    }
+}
+
+fn net(vs: &nn::VarStore, case: &str) -> Net {
+    let chain = (case == "model_macro").then(|| Chain::new(&vs.root()));
     Net {
         l: (0..4)
             .map(|i| nn::linear(vs.root() / format!("l{i}"), D, D, Default::default()))
             .collect(),
         head: nn::linear(vs.root() / "head", D, 2, Default::default()),
+        chain,
     }
 }
+
+/// Calls of segment closures in this process (forwards and recomputes).
+static SEG_CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// `panic_in_recompute`: the call of a segment closure that panics (0: none).
+static PANIC_AT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 fn seg(l: &nn::Linear, x: Tensor) -> Tensor {
     let l = ckpt::ShallowClone::shallow_clone(l);
     ckpt::checkpoint(
-        move |x: Tensor| l.forward(&x).gelu("none").dropout(0.1, true) + x,
+        move |x: Tensor| {
+            use std::sync::atomic::Ordering::SeqCst;
+            let n = SEG_CALLS.fetch_add(1, SeqCst) + 1;
+            if n == PANIC_AT.load(SeqCst) {
+                panic!("injected panic in segment call {n}");
+            }
+            l.forward(&x).gelu("none").dropout(0.1, true) + x
+        },
         x,
     )
 }
@@ -367,6 +397,9 @@ fn seg(l: &nn::Linear, x: Tensor) -> Tensor {
 impl Net {
     /// The forward of `case` for rank `rank` at `step`.
     fn forward(&self, case: &str, x: &Tensor, step: i64, rank: i64) -> Tensor {
+        if let Some(c) = &self.chain {
+            return c.forward(x);
+        }
         let mut h = x.shallow_clone();
         match case {
             // l[1] in three segments, captured unlisted.
@@ -384,13 +417,30 @@ impl Net {
                     h = seg(l, h);
                 }
             }
+            // l[2] is skipped by every rank at odd steps (with find_unused_parameters).
+            "skip_odd_steps" | "skip_odd_steps_listed" => {
+                for (i, l) in self.l.iter().enumerate() {
+                    if i == 2 && step % 2 == 1 {
+                        continue;
+                    }
+                    h = if case == "skip_odd_steps_listed" {
+                        let c = ckpt::ShallowClone::shallow_clone(l);
+                        ckpt::checkpoint_with(
+                            &ckpt::CheckpointOptions::new().parameters_of(l),
+                            move |x: Tensor| c.forward(&x).gelu("none").dropout(0.1, true) + x,
+                            h,
+                        )
+                    } else {
+                        seg(l, h)
+                    };
+                }
+            }
             _ => {
                 for l in &self.l {
                     h = seg(l, h);
                 }
             }
         }
-        let _ = step;
         self.head.forward(&h)
     }
 }
@@ -406,6 +456,23 @@ fn global_batch(step: i64, world: i64, micro: i64) -> (Tensor, Tensor) {
 
 fn shard(t: &Tensor, r: i64, m: i64, micro: i64) -> Tensor {
     t.narrow(0, (r * micro + m) * ROWS, ROWS)
+}
+
+/// The loss of one shard; `forward` runs the model (through DDP or not). For
+/// `two_forwards`, the shard's halves go through two forwards and one backward.
+fn shard_loss(
+    case: &str,
+    x: &Tensor,
+    y: &Tensor,
+    forward: &dyn Fn(&Tensor) -> Result<Tensor, CkptError>,
+) -> Result<Tensor, CkptError> {
+    if case == "two_forwards" {
+        let h = ROWS / 2;
+        let a = forward(&x.narrow(0, 0, h))?;
+        let b = forward(&x.narrow(0, h, h))?;
+        return Ok((mse(&a, &y.narrow(0, 0, h)) + mse(&b, &y.narrow(0, h, h))) / 2.0);
+    }
+    Ok(mse(&forward(x)?, y))
 }
 
 fn mse(out: &Tensor, y: &Tensor) -> Tensor {
@@ -437,12 +504,18 @@ fn train(case: &str) {
     let micro = if case == "no_sync3" { 3 } else { 1 };
 
     tch::manual_seed(100 + rank);
-    let vs = nn::VarStore::new(Device::Cpu);
-    let model = net(&vs);
+    let mut vs = nn::VarStore::new(Device::Cpu);
+    let model = net(&vs, case);
     if case == "frozen" {
         freeze_l0(&vs);
     }
+    if case == "float64" {
+        vs.double();
+    }
+    let dynamic = case.starts_with("skip_odd_steps");
     let opts = DdpOptions {
+        find_unused_parameters: dynamic,
+        static_graph: !dynamic,
         bucket_cap_mb: if case == "tiny_buckets" { 1e-9 } else { 0.002 },
         first_bucket_cap_mb: if case == "tiny_buckets" { 1e-9 } else { 0.001 },
         ..DdpOptions::default()
@@ -463,22 +536,47 @@ fn train(case: &str) {
     let mut opt = nn::AdamW::default().build(&vs, 1e-2).unwrap();
     for step in 0..STEPS {
         let (x, y) = global_batch(step, world, micro);
+        let (x, y) = if case == "float64" {
+            (x.to_kind(Kind::Double), y.to_kind(Kind::Double))
+        } else {
+            (x, y)
+        };
         opt.zero_grad();
         for m in 0..micro {
             let _guard = (m + 1 < micro).then(|| ddp.no_sync());
             tch::manual_seed(1000 * step + 10 * m + rank);
-            let out = match ddp
-                .f_forward(|| model.forward(case, &shard(&x, rank, m, micro), step, rank))
-            {
-                Ok(o) => o,
+            if case == "panic_in_recompute" && rank == 1 && step == 1 {
+                // Step 0 made 8 segment calls (4 forwards, 4 recomputes), step 1's
+                // forward 4 more: the 13th is the first recompute of step 1.
+                PANIC_AT.store(13, std::sync::atomic::Ordering::SeqCst);
+            }
+            let (xs, ys) = (shard(&x, rank, m, micro), shard(&y, rank, m, micro));
+            let start = Instant::now();
+            let loss = match shard_loss(case, &xs, &ys, &|x| {
+                ddp.f_forward(|| model.forward(case, x, step, rank))
+            }) {
+                Ok(l) => l,
                 Err(e) => {
                     note("forward_err", format!("step{step}:{e:?}"));
                     return;
                 }
             };
-            if let Err(e) = mse(&out, &shard(&y, rank, m, micro)).f_backward() {
-                note("backward_err", format!("step{step}:{e:?}"));
-                return;
+            let backward =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loss.f_backward()));
+            match backward {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    note("backward_err", format!("step{step}:{e:?}"));
+                    note(
+                        "backward_secs",
+                        format!("{:.1}", start.elapsed().as_secs_f64()),
+                    );
+                    return;
+                }
+                Err(_) => {
+                    note("backward_panicked", format!("step{step}"));
+                    return;
+                }
             }
         }
         opt.step();
@@ -492,20 +590,30 @@ fn train(case: &str) {
     note("same_as_rank0", same);
     if rank == 0 {
         tch::manual_seed(100);
-        let vs = nn::VarStore::new(Device::Cpu);
-        let model = net(&vs);
+        let mut vs = nn::VarStore::new(Device::Cpu);
+        let model = net(&vs, case);
         if case == "frozen" {
             freeze_l0(&vs);
+        }
+        if case == "float64" {
+            vs.double();
         }
         let mut opt = nn::AdamW::default().build(&vs, 1e-2).unwrap();
         for step in 0..STEPS {
             let (x, y) = global_batch(step, world, micro);
+            let (x, y) = if case == "float64" {
+                (x.to_kind(Kind::Double), y.to_kind(Kind::Double))
+            } else {
+                (x, y)
+            };
             opt.zero_grad();
             for r in 0..world {
                 for m in 0..micro {
                     tch::manual_seed(1000 * step + 10 * m + r);
-                    let out = model.forward(case, &shard(&x, r, m, micro), step, r);
-                    (mse(&out, &shard(&y, r, m, micro)) / world as f64).backward();
+                    let (xs, ys) = (shard(&x, r, m, micro), shard(&y, r, m, micro));
+                    let loss = shard_loss(case, &xs, &ys, &|x| Ok(model.forward(case, x, step, r)))
+                        .unwrap();
+                    (loss / world as f64).backward();
                 }
             }
             opt.step();
@@ -677,6 +785,74 @@ fn ddp_no_sync_for_two_micro_batches_from_the_first_step_matches_one_process() {
 #[test]
 fn ddp_after_a_forward_without_backward_matches_one_process() {
     check_train("forward_without_backward", 2);
+}
+
+#[test]
+fn ddp_with_a_model_macro_matches_one_process() {
+    check_train("model_macro", 2);
+}
+
+#[test]
+fn ddp_with_float64_parameters_matches_one_process() {
+    check_train("float64", 2);
+}
+
+#[test]
+fn ddp_with_two_forwards_and_one_backward_matches_one_process() {
+    check_train("two_forwards", 2);
+}
+
+/// Used to crash with a segmentation fault at the first step whose set of unused
+/// parameters differs from the previous one: the Reducer had no `c10d::Logger`.
+#[test]
+fn find_unused_parameters_with_a_layer_skipped_at_odd_steps_matches_one_process() {
+    check_train("skip_odd_steps_listed", 2);
+}
+
+/// `find_unused_parameters` searches the graph from the outputs for parameters; a
+/// tensor a checkpointed closure captures unlisted is not in that graph, so it is
+/// marked unused, then its gradient arrives from the recompute: PyTorch's error, on
+/// every rank, at the first step (documented on `DdpOptions::find_unused_parameters`).
+#[test]
+fn find_unused_parameters_with_an_unlisted_capture_is_the_reducer_error() {
+    for (rank, (ok, report)) in run_workers("train_skip_odd_steps", 2, Duration::from_secs(120))
+        .iter()
+        .enumerate()
+    {
+        assert!(ok, "rank {rank}: {report}");
+        let err = &fields(report)["backward_err"];
+        assert!(err.starts_with("step0:"), "rank {rank}: {report}");
+        assert!(
+            err.contains("marked_as_ready_twice"),
+            "rank {rank}: {report}"
+        );
+    }
+}
+
+#[test]
+fn three_ranks_with_a_layer_in_three_segments_and_no_sync() {
+    check_train("shared3", 3);
+    check_train("no_sync3", 3);
+}
+
+#[test]
+fn a_rank_that_panics_in_a_recompute_makes_the_others_fail_within_the_timeout() {
+    let results = run_workers("train_panic_in_recompute", 2, Duration::from_secs(120));
+    eprintln!("{results:?}");
+    let (ok, report) = &results[0];
+    assert!(ok, "rank 0: {report}");
+    let f = fields(report);
+    // An error of the backward (tch's `Torch` error: c10d's message, "Connection closed
+    // by peer") at the step where rank 1 failed; rank 1 got the recompute's panic as an
+    // error of its own backward.
+    assert!(f["backward_err"].starts_with("step1:"), "{report}");
+    assert!(
+        results[1].1.contains("panicked_during_recompute"),
+        "rank 1: {}",
+        results[1].1
+    );
+    let secs: f64 = f["backward_secs"].parse().unwrap();
+    assert!(secs < 60.0, "{report}");
 }
 
 #[test]

@@ -20,7 +20,13 @@ pub struct DdpOptions {
     /// Under [`DdpOptions::static_graph`] (the default) the Reducer learns the unused
     /// set in the first step without this; set it for a graph that changes between steps
     /// together with `static_graph = false`. Its gradient is left untouched on every rank
-    /// when no rank used it.
+    /// when no rank used it. The search for unused parameters walks the autograd graph
+    /// from the forward's outputs, where a checkpointed segment shows only the tensors
+    /// `ckpt` sees (its inputs, and the parameters the macros and
+    /// `CheckpointOptions::parameters` list): a parameter a `checkpoint` closure
+    /// captures unlisted is taken for unused, then its gradient arrives from the
+    /// recompute, and backward fails with PyTorch's "marked as ready twice". List such
+    /// parameters, or keep the static graph.
     pub find_unused_parameters: bool,
     /// The Reducer's static-graph mode (PyTorch's `static_graph=True`), the default here
     /// because it makes every checkpointed model correct. Parameters that `ckpt` sees
