@@ -364,7 +364,7 @@ ckpt::model! {
 }
 
 fn net(vs: &nn::VarStore, case: &str) -> Net {
-    let chain = (case == "model_macro").then(|| Chain::new(&vs.root()));
+    let chain = (case == "model_macro").then(|| Chain::new(vs.root()));
     Net {
         l: (0..4)
             .map(|i| nn::linear(vs.root() / format!("l{i}"), D, D, Default::default()))
@@ -893,4 +893,66 @@ fn an_unresolvable_master_is_an_error_within_the_timeout() {
         "{:?}",
         start.elapsed()
     );
+}
+
+/// `DistributedSampler` at its edges: fewer samples than ranks, both tail options,
+/// every rank's share across epochs, against PyTorch's counts.
+#[test]
+fn distributed_sampler_edges() {
+    use ckpt::dist::DistributedSampler;
+    for len in 0..12usize {
+        for world in 1..5usize {
+            for drop_last in [false, true] {
+                let shares: Vec<Vec<usize>> = (0..world)
+                    .map(|r| {
+                        DistributedSampler::new(len, world, r)
+                            .drop_last(drop_last)
+                            .seed(3)
+                            .indices()
+                    })
+                    .collect();
+                // PyTorch: ceil((len - world) / world) with drop_last and a ragged tail,
+                // else ceil(len / world).
+                let expect = if drop_last && len % world != 0 {
+                    ((len as f64 - world as f64) / world as f64).ceil().max(0.0) as usize
+                } else {
+                    len.div_ceil(world)
+                };
+                let s = DistributedSampler::new(len, world, 0).drop_last(drop_last);
+                assert_eq!(
+                    s.num_samples(),
+                    expect,
+                    "len {len} world {world} {drop_last}"
+                );
+                assert!(
+                    shares.iter().all(|s| s.len() == expect),
+                    "{len} {world} {shares:?}"
+                );
+                let mut all: Vec<usize> = shares.concat();
+                assert!(all.iter().all(|&i| i < len), "{len} {world} {all:?}");
+                all.sort();
+                let n = all.len();
+                all.dedup();
+                if drop_last {
+                    // Disjoint shares.
+                    assert_eq!(all.len(), n, "{len} {world} {shares:?}");
+                } else {
+                    // Every sample covered.
+                    assert_eq!(all, (0..len).collect::<Vec<_>>(), "{len} {world}");
+                }
+            }
+        }
+    }
+    // set_epoch reorders, and every rank agrees on the epoch's permutation.
+    let mut a = DistributedSampler::new(10, 2, 0);
+    let mut b = DistributedSampler::new(10, 2, 1);
+    let e0 = [a.indices(), b.indices()].concat();
+    a.set_epoch(1);
+    b.set_epoch(1);
+    let e1 = [a.indices(), b.indices()].concat();
+    assert_ne!(e0, e1);
+    let (mut s0, mut s1) = (e0.clone(), e1.clone());
+    s0.sort();
+    s1.sort();
+    assert_eq!(s0, s1);
 }
