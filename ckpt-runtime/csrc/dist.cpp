@@ -24,6 +24,7 @@
 #endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <arpa/inet.h>
@@ -124,6 +125,11 @@ void wait(const c10::intrusive_ptr<c10d::Work>& work, const Group& g) {
 
 struct Ddp {
   std::shared_ptr<c10d::Reducer> reducer;
+  // The Reducer's logger, as Python DDP gives it one: the Reducer holds it weakly and
+  // calls it unchecked when `find_unused_parameters` sees the set of unused
+  // parameters change between iterations (`search_unused_parameters` ->
+  // `log_if_graph_static`), a null dereference without it.
+  std::shared_ptr<c10d::Logger> logger;
   bool static_graph = false;
   bool find_unused = false;
   // Whether the end-of-backward `delay_all_reduce` of the first static-graph iteration
@@ -451,6 +457,8 @@ int32_t ckpt_ddp_new(void* group, tensor* params, size_t n_params, tensor* buffe
         /*gradient_as_bucket_view=*/false, std::unordered_map<size_t, std::string>{},
         first_bucket_bytes, /*skip_all_reduce_unused_params=*/false,
         /*use_python_reducer=*/false, std::vector<int64_t>{});
+    d->logger = std::make_shared<c10d::Logger>(d->reducer);
+    d->reducer->set_logger(d->logger);
     if (d->static_graph) d->reducer->set_static_graph();
     if (record_launches) {
       auto hook = std::make_unique<RecordingHook>();

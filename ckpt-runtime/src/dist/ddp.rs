@@ -2,7 +2,7 @@
 
 use std::cell::Cell;
 
-use tch::{Tensor, nn::VarStore};
+use tch::{Kind, Tensor, nn::VarStore};
 
 use super::{ProcessGroup, ffi::RawDdp};
 use crate::CkptError;
@@ -20,7 +20,13 @@ pub struct DdpOptions {
     /// Under [`DdpOptions::static_graph`] (the default) the Reducer learns the unused
     /// set in the first step without this; set it for a graph that changes between steps
     /// together with `static_graph = false`. Its gradient is left untouched on every rank
-    /// when no rank used it.
+    /// when no rank used it. The search for unused parameters walks the autograd graph
+    /// from the forward's outputs, where a checkpointed segment shows only the tensors
+    /// `ckpt` sees (its inputs, and the parameters the macros and
+    /// `CheckpointOptions::parameters` list): a parameter a `checkpoint` closure
+    /// captures unlisted is taken for unused, then its gradient arrives from the
+    /// recompute, and backward fails with PyTorch's "marked as ready twice". List such
+    /// parameters, or keep the static graph.
     pub find_unused_parameters: bool,
     /// The Reducer's static-graph mode (PyTorch's `static_graph=True`), the default here
     /// because it makes every checkpointed model correct. Parameters that `ckpt` sees
@@ -122,10 +128,129 @@ fn mib(x: f64, what: &str) -> Result<i64, CkptError> {
     Ok((x * 1024.0 * 1024.0) as i64)
 }
 
+/// The dtypes [`kind_code`] names; others are coded by a hash of their name.
+const KINDS: [Kind; 13] = [
+    Kind::Uint8,
+    Kind::Int8,
+    Kind::Int16,
+    Kind::Int,
+    Kind::Int64,
+    Kind::Half,
+    Kind::Float,
+    Kind::Double,
+    Kind::ComplexHalf,
+    Kind::ComplexFloat,
+    Kind::ComplexDouble,
+    Kind::Bool,
+    Kind::BFloat16,
+];
+
+/// A number for `kind`, the same on every rank.
+fn kind_code(kind: Kind) -> i64 {
+    match KINDS.iter().position(|k| *k == kind) {
+        Some(i) => i as i64,
+        // FNV-1a of the name, kept above the indices of `KINDS`.
+        None => {
+            let h = format!("{kind:?}")
+                .bytes()
+                .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+                });
+            1000 + (h % 1_000_000_000) as i64
+        }
+    }
+}
+
+fn kind_name(code: i64) -> String {
+    usize::try_from(code)
+        .ok()
+        .and_then(|i| KINDS.get(i))
+        .map_or_else(|| format!("dtype #{code}"), |k| format!("{k:?}"))
+}
+
+/// Checks, before anything else is exchanged, that every rank passes as many parameters
+/// and buffers as rank 0, of the same dtypes and shapes. c10d's own check
+/// (`verify_params_across_processes`) compares only parameter counts and shapes, and
+/// a different number of dimensions makes its metadata broadcast itself mismatched
+/// (Gloo then aborts a process); a dtype or buffer that differs would pass and the
+/// broadcast of rank 0's values would silently leave garbage. Two all-gathers of
+/// int64 metadata: `[n_params, n_buffers, total dims]`, then, when those agree,
+/// per tensor its dtype code and number of dimensions, then all sizes.
+fn check_same_tensors(
+    group: &ProcessGroup,
+    params: &[Tensor],
+    buffers: &[Tensor],
+) -> Result<(), CkptError> {
+    let device = params.first().map_or(tch::Device::Cpu, Tensor::device);
+    let all: Vec<&Tensor> = params.iter().chain(buffers).collect();
+    let dims: i64 = all.iter().map(|t| t.dim() as i64).sum();
+    let head = [params.len() as i64, buffers.len() as i64, dims];
+    let gathered = group.f_all_gather(&Tensor::from_slice(&head).to_device(device))?;
+    let rank = group.rank();
+    for (r, g) in gathered.iter().enumerate() {
+        let other = Vec::<i64>::try_from(&g.to_device(tch::Device::Cpu))
+            .map_err(|e| CkptError::Dist(e.to_string()))?;
+        if other[..2] != head[..2] {
+            return Err(CkptError::Dist(format!(
+                "DistributedDataParallel expects the same model on every rank, but rank \
+                 {rank} has {} trainable parameters and {} buffers, while rank {r} has {} \
+                 and {}",
+                head[0], head[1], other[0], other[1]
+            )));
+        }
+        if other[2] != dims {
+            return Err(CkptError::Dist(format!(
+                "DistributedDataParallel expects the same model on every rank, but the \
+                 shapes of rank {rank}'s parameters and buffers have {dims} dimensions in \
+                 all, those of rank {r} {}",
+                other[2]
+            )));
+        }
+    }
+    let mut meta: Vec<i64> = all.iter().map(|t| kind_code(t.kind())).collect();
+    meta.extend(all.iter().map(|t| t.dim() as i64));
+    for t in &all {
+        meta.extend(t.size());
+    }
+    let gathered = group.f_all_gather(&Tensor::from_slice(&meta).to_device(device))?;
+    let n = all.len();
+    let describe = |m: &[i64], i: usize| {
+        let start = 2 * n + m[n..n + i].iter().sum::<i64>() as usize;
+        let sizes = &m[start..start + m[n + i] as usize];
+        format!("{} {sizes:?}", kind_name(m[i]))
+    };
+    for (r, g) in gathered.iter().enumerate() {
+        let other = Vec::<i64>::try_from(&g.to_device(tch::Device::Cpu))
+            .map_err(|e| CkptError::Dist(e.to_string()))?;
+        if other == meta {
+            continue;
+        }
+        let i = (0..n)
+            .find(|&i| describe(&other, i) != describe(&meta, i))
+            .unwrap_or(0);
+        let what = if i < params.len() {
+            format!("parameter {i}")
+        } else {
+            format!("buffer {}", i - params.len())
+        };
+        return Err(CkptError::Dist(format!(
+            "DistributedDataParallel expects the same model on every rank, but {what} is \
+             {} on rank {rank} and {} on rank {r} (parameters in creation order, \
+             buffers by name)",
+            describe(&meta, i),
+            describe(&other, i)
+        )));
+    }
+    Ok(())
+}
+
 impl DistributedDataParallel {
-    /// Wraps the trainable variables of `vs` (in creation order, which must be the same
-    /// on every rank: build the model the same way everywhere); its other variables
-    /// (buffers, frozen parameters) are broadcast from rank 0 once, sorted by name.
+    /// Wraps the trainable variables of `vs` that require grad (in creation order, which
+    /// must be the same on every rank: build the model the same way everywhere); its
+    /// other variables (buffers, frozen parameters, including trainable ones frozen with
+    /// `set_requires_grad(false)` or `vs.freeze()`) are broadcast from rank 0 at
+    /// construction and, with [`DdpOptions::broadcast_buffers`], before each
+    /// synchronized forward, sorted by name.
     ///
     /// # Panics
     ///
@@ -138,7 +263,14 @@ impl DistributedDataParallel {
     /// ranks' parameters differ (c10d's message names the parameter) or a peer does not
     /// answer, [`CkptError::InvalidArgument`] for bad options or no trainable variable.
     pub fn f_new(group: &ProcessGroup, vs: &VarStore, opts: DdpOptions) -> Result<Self, CkptError> {
-        let params = vs.trainable_variables();
+        // A trainable variable frozen later (`set_requires_grad(false)`, `vs.freeze()`)
+        // stays in tch's trainable list: like Python DDP, skip it in the Reducer; it is
+        // broadcast with the buffers below.
+        let params: Vec<Tensor> = vs
+            .trainable_variables()
+            .into_iter()
+            .filter(Tensor::requires_grad)
+            .collect();
         let mut named: Vec<(String, Tensor)> = vs
             .variables()
             .into_iter()
@@ -176,7 +308,9 @@ impl DistributedDataParallel {
         let first = mib(opts.first_bucket_cap_mb, "first_bucket_cap_mb")?;
         if params.is_empty() {
             return Err(CkptError::InvalidArgument(
-                "DistributedDataParallel needs at least one trainable parameter".into(),
+                "DistributedDataParallel needs at least one parameter that requires grad \
+                 (none given, or all frozen)"
+                    .into(),
             ));
         }
         if let Some(i) = params.iter().position(|p| !p.requires_grad()) {
@@ -184,6 +318,7 @@ impl DistributedDataParallel {
                 "parameter {i} does not require grad"
             )));
         }
+        check_same_tensors(group, params, buffers)?;
         let raw = RawDdp::new(
             group.raw(),
             params,

@@ -69,6 +69,12 @@ use crate::CkptError;
 /// minutes. Store connection, rendezvous and every collective give up after it.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
+/// The longest timeout c10d is given: 100 years (of 365 days). c10d adds a timeout to
+/// the steady clock's count of nanoseconds (a signed 64-bit number, about 292 years), so
+/// a longer one, such as `Duration::MAX` for "wait forever", would overflow into a
+/// deadline in the past and fail at once; [`init`] uses this instead.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// A collective communication library.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -143,7 +149,8 @@ pub struct InitOptions {
     pub local_world_size: usize,
     /// The collective library.
     pub backend: Backend,
-    /// How long to wait for the store, the rendezvous and each collective.
+    /// How long to wait for the store, the rendezvous and each collective; at most
+    /// [`MAX_TIMEOUT`] is used (`Duration::MAX` waits for 100 years).
     pub timeout: Duration,
     /// `TORCHELASTIC_USE_AGENT_STORE=True`: a launcher's agent serves the store; every
     /// rank is a client and keys are prefixed by `/worker/attempt_<restart_count>`.
@@ -330,7 +337,7 @@ pub fn f_init(opts: &InitOptions) -> Result<ProcessGroup, CkptError> {
                 .into()
         }));
     }
-    let timeout_ms = i64::try_from(opts.timeout.as_millis()).unwrap_or(i64::MAX);
+    let timeout_ms = opts.timeout.min(MAX_TIMEOUT).as_millis() as i64;
     let (is_server, prefix) = if opts.use_agent_store {
         (false, format!("/worker/attempt_{}", opts.restart_count))
     } else {
@@ -426,17 +433,59 @@ impl ProcessGroup {
         &self.inner.group
     }
 
-    /// Reduces `t` (any shape, CPU) over all ranks in place: afterwards every rank holds
-    /// the element-wise `op` of all ranks' `t` (`torch.distributed.all_reduce`).
+    /// `t` itself when it is contiguous, else a contiguous copy: c10d's Gloo backend
+    /// reads and writes a tensor's memory from its data pointer for `numel` elements, so
+    /// a strided view (a column, a narrowed slice) would exchange the wrong elements and
+    /// overwrite its neighbours.
+    fn dense(t: &Tensor) -> Tensor {
+        if t.is_contiguous() {
+            t.shallow_clone()
+        } else {
+            t.contiguous()
+        }
+    }
+
+    /// Writes `result` back into `t` when `result` is a contiguous copy of it.
+    fn write_back(t: &Tensor, result: &Tensor, what: &str) -> Result<(), CkptError> {
+        if t.is_contiguous() {
+            return Ok(());
+        }
+        let mut t = t.shallow_clone();
+        t.f_copy_(result).map(|_| ()).map_err(|e| {
+            CkptError::InvalidArgument(format!("{what}: cannot write the result back: {e}"))
+        })
+    }
+
+    /// [`ReduceOp::Avg`] divides the sum in place: it needs a floating-point tensor.
+    fn check_op(t: &Tensor, op: ReduceOp, what: &str) -> Result<(), CkptError> {
+        if op == ReduceOp::Avg && !t.is_floating_point() {
+            return Err(CkptError::InvalidArgument(format!(
+                "{what}: ReduceOp::Avg needs a floating-point tensor, got {:?} (use Sum and \
+                 divide as you need)",
+                t.kind()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reduces `t` (any shape and strides, CPU) over all ranks in place: afterwards every
+    /// rank holds the element-wise `op` of all ranks' `t` (`torch.distributed.all_reduce`).
+    /// Every rank must pass the same shape and dtype (c10d cannot check that: a
+    /// mismatch is a [`CkptError::Dist`] or a crash of c10d, as in PyTorch).
     pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) {
         self.f_all_reduce(t, op).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// [`ProcessGroup::all_reduce`], returning errors (a non-CPU tensor, a timeout).
+    /// [`ProcessGroup::all_reduce`], returning errors: [`CkptError::InvalidArgument`] for
+    /// a tensor on the wrong device or [`ReduceOp::Avg`] of an integer tensor (before
+    /// anything is exchanged), [`CkptError::Dist`] for a timeout.
     pub fn f_all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<(), CkptError> {
         self.check_device(t, "all_reduce")?;
+        Self::check_op(t, op, "all_reduce")?;
         let _g = tch::no_grad_guard();
-        self.inner.group.all_reduce(t, op.code())
+        let d = Self::dense(t);
+        self.inner.group.all_reduce(&d, op.code())?;
+        Self::write_back(t, &d, "all_reduce")
     }
 
     /// Copies rank `root`'s `t` into every rank's `t` (same shape and dtype everywhere).
@@ -454,10 +503,12 @@ impl ProcessGroup {
             )));
         }
         let _g = tch::no_grad_guard();
-        self.inner.group.broadcast(t, root as i32)
+        let d = Self::dense(t);
+        self.inner.group.broadcast(&d, root as i32)?;
+        Self::write_back(t, &d, "broadcast")
     }
 
-    /// Every rank's `t`, in rank order: `world_size()` tensors of `t`'s shape.
+    /// Every rank's `t`, in rank order: `world_size()` contiguous tensors of `t`'s shape.
     pub fn all_gather(&self, t: &Tensor) -> Vec<Tensor> {
         self.f_all_gather(t).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -466,20 +517,24 @@ impl ProcessGroup {
     pub fn f_all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>, CkptError> {
         self.check_device(t, "all_gather")?;
         let _g = tch::no_grad_guard();
-        let outs: Vec<Tensor> = (0..self.world_size()).map(|_| t.empty_like()).collect();
-        self.inner.group.all_gather(&outs, t)?;
+        let outs: Vec<Tensor> = (0..self.world_size())
+            .map(|_| Tensor::empty(t.size(), (t.kind(), t.device())))
+            .collect();
+        self.inner.group.all_gather(&outs, &Self::dense(t))?;
         Ok(outs)
     }
 
-    /// `inputs` holds one tensor per rank (`world_size()` of them, one shape); returns
-    /// the `op` over ranks of every rank's `inputs[rank()]`
+    /// `inputs` holds one tensor per rank (`world_size()` of them, one shape and dtype);
+    /// returns the `op` over ranks of every rank's `inputs[rank()]`
     /// (`torch.distributed.reduce_scatter`).
     pub fn reduce_scatter(&self, inputs: &[Tensor], op: ReduceOp) -> Tensor {
         self.f_reduce_scatter(inputs, op)
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// [`ProcessGroup::reduce_scatter`], returning errors (a wrong number of inputs).
+    /// [`ProcessGroup::reduce_scatter`], returning errors: [`CkptError::InvalidArgument`]
+    /// for a wrong number of inputs, inputs of several shapes or dtypes, or
+    /// [`ReduceOp::Avg`] of integers; [`CkptError::Dist`] for a timeout.
     pub fn f_reduce_scatter(&self, inputs: &[Tensor], op: ReduceOp) -> Result<Tensor, CkptError> {
         if inputs.len() != self.world_size() {
             return Err(CkptError::InvalidArgument(format!(
@@ -488,12 +543,24 @@ impl ProcessGroup {
                 self.world_size()
             )));
         }
-        for t in inputs {
+        for (i, t) in inputs.iter().enumerate() {
             self.check_device(t, "reduce_scatter")?;
+            if t.size() != inputs[0].size() || t.kind() != inputs[0].kind() {
+                return Err(CkptError::InvalidArgument(format!(
+                    "reduce_scatter inputs must share one shape and dtype: input 0 is {:?} \
+                     {:?}, input {i} is {:?} {:?}",
+                    inputs[0].size(),
+                    inputs[0].kind(),
+                    t.size(),
+                    t.kind()
+                )));
+            }
         }
+        Self::check_op(&inputs[0], op, "reduce_scatter")?;
         let _g = tch::no_grad_guard();
-        let out = inputs[0].empty_like();
-        self.inner.group.reduce_scatter(&out, inputs, op.code())?;
+        let dense: Vec<Tensor> = inputs.iter().map(Self::dense).collect();
+        let out = Tensor::empty(inputs[0].size(), (inputs[0].kind(), inputs[0].device()));
+        self.inner.group.reduce_scatter(&out, &dense, op.code())?;
         Ok(out)
     }
 
