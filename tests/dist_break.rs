@@ -690,33 +690,31 @@ fn misused_collective_arguments() {
     }
 }
 
-/// A collective whose ranks disagree on the size must be an error on every rank. It is
-/// not: c10d's Gloo backend has no size exchange, the rank that receives more bytes
-/// than it expects aborts in Gloo's transport thread (`gloo::EnforceNotMet`, "Received
-/// data size doesn't match expected size"; uncatchable, the process dies), and the
-/// other gets a "Connection reset by peer" error or, for `all_gather`, garbage and no
-/// error. PyTorch behaves the same unless `TORCH_DISTRIBUTED_DEBUG=DETAIL` wraps the
-/// group in c10d's `ProcessGroupWrapper`, which checks every collective's shapes and
-/// dtypes across ranks first: binding that is the fix.
+/// A collective whose ranks disagree on the size or dtype is an error on every rank, with
+/// the message of `dist/agree.rs`. Without that fingerprint exchange, c10d's Gloo backend
+/// has none: the rank receiving more bytes than it expects aborts in Gloo's transport
+/// thread (`gloo::EnforceNotMet`, uncatchable) and the other gets "Connection reset by
+/// peer" or, for `all_gather`, garbage and no error (PyTorch too, unless
+/// `TORCH_DISTRIBUTED_DEBUG=DETAIL`).
 fn check_collective_mismatch(scenario: &str) {
     let results = run_workers(scenario, 2, Duration::from_secs(60));
     for (rank, (ok, report)) in results.iter().enumerate() {
         assert!(ok, "{scenario} rank {rank} died: {report}");
+        let err = &fields(report)["err"];
+        assert!(err.starts_with("Dist("), "{scenario} rank {rank}: {report}");
         assert!(
-            fields(report)["err"].starts_with("Dist("),
+            err.contains("every_rank_must_make_the_same_collective_call"),
             "{scenario} rank {rank}: {report}"
         );
     }
 }
 
 #[test]
-#[ignore = "open: mismatched collective sizes abort a rank (Gloo), as in PyTorch without TORCH_DISTRIBUTED_DEBUG=DETAIL"]
 fn all_gather_with_shapes_that_differ_between_ranks_is_an_error_on_every_rank() {
     check_collective_mismatch("all_gather_shapes_differ");
 }
 
 #[test]
-#[ignore = "open: mismatched collective dtypes abort a rank (Gloo), as in PyTorch without TORCH_DISTRIBUTED_DEBUG=DETAIL"]
 fn all_reduce_with_dtypes_that_differ_between_ranks_is_an_error_on_every_rank() {
     check_collective_mismatch("all_reduce_dtypes_differ");
 }

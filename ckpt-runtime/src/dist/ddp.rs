@@ -2,8 +2,9 @@
 
 use std::cell::Cell;
 
-use tch::{Kind, Tensor, nn::VarStore};
+use tch::{Tensor, nn::VarStore};
 
+use super::agree::{kind_code, kind_name};
 use super::{ProcessGroup, ffi::RawDdp};
 use crate::CkptError;
 
@@ -126,46 +127,6 @@ fn mib(x: f64, what: &str) -> Result<i64, CkptError> {
         )));
     }
     Ok((x * 1024.0 * 1024.0) as i64)
-}
-
-/// The dtypes [`kind_code`] names; others are coded by a hash of their name.
-const KINDS: [Kind; 13] = [
-    Kind::Uint8,
-    Kind::Int8,
-    Kind::Int16,
-    Kind::Int,
-    Kind::Int64,
-    Kind::Half,
-    Kind::Float,
-    Kind::Double,
-    Kind::ComplexHalf,
-    Kind::ComplexFloat,
-    Kind::ComplexDouble,
-    Kind::Bool,
-    Kind::BFloat16,
-];
-
-/// A number for `kind`, the same on every rank.
-fn kind_code(kind: Kind) -> i64 {
-    match KINDS.iter().position(|k| *k == kind) {
-        Some(i) => i as i64,
-        // FNV-1a of the name, kept above the indices of `KINDS`.
-        None => {
-            let h = format!("{kind:?}")
-                .bytes()
-                .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-                });
-            1000 + (h % 1_000_000_000) as i64
-        }
-    }
-}
-
-fn kind_name(code: i64) -> String {
-    usize::try_from(code)
-        .ok()
-        .and_then(|i| KINDS.get(i))
-        .map_or_else(|| format!("dtype #{code}"), |k| format!("{k:?}"))
 }
 
 /// Checks, before anything else is exchanged, that every rank passes as many parameters

@@ -49,6 +49,7 @@
 //! message: unreachable master, a peer that does not answer within the timeout, a port
 //! in use, parameters that differ between ranks); the plain call panics with it.
 
+mod agree;
 mod ddp;
 mod ffi;
 mod launch;
@@ -64,6 +65,7 @@ pub use launch::{LaunchResult, LocalLaunch, launch_local, relaunch_self, relaunc
 pub use sampler::DistributedSampler;
 
 use crate::CkptError;
+use agree::Collective;
 
 /// PyTorch's default process-group timeout (`torch.distributed.default_pg_timeout`): 30
 /// minutes. Store connection, rendezvous and every collective give up after it.
@@ -127,6 +129,17 @@ impl ReduceOp {
             ReduceOp::Avg => 1,
             ReduceOp::Max => 2,
             ReduceOp::Min => 3,
+        }
+    }
+
+    /// The name of the reduction `code` stands for.
+    fn name_of(code: i64) -> &'static str {
+        match code {
+            0 => "Sum",
+            1 => "Avg",
+            2 => "Max",
+            3 => "Min",
+            _ => "unknown",
         }
     }
 }
@@ -470,18 +483,22 @@ impl ProcessGroup {
 
     /// Reduces `t` (any shape and strides, CPU) over all ranks in place: afterwards every
     /// rank holds the element-wise `op` of all ranks' `t` (`torch.distributed.all_reduce`).
-    /// Every rank must pass the same shape and dtype (c10d cannot check that: a
-    /// mismatch is a [`CkptError::Dist`] or a crash of c10d, as in PyTorch).
+    /// Every rank must pass the same shape, dtype and `op`: each collective first
+    /// all-gathers a fingerprint of 13 int64s (see `agree.rs`), so ranks that disagree
+    /// all get a [`CkptError::Dist`] instead of a crash in Gloo (PyTorch checks this only
+    /// under `TORCH_DISTRIBUTED_DEBUG=DETAIL`).
     pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) {
         self.f_all_reduce(t, op).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// [`ProcessGroup::all_reduce`], returning errors: [`CkptError::InvalidArgument`] for
     /// a tensor on the wrong device or [`ReduceOp::Avg`] of an integer tensor (before
-    /// anything is exchanged), [`CkptError::Dist`] for a timeout.
+    /// anything is exchanged), [`CkptError::Dist`] for a timeout or ranks that disagree
+    /// on the shape, dtype or `op`.
     pub fn f_all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<(), CkptError> {
         self.check_device(t, "all_reduce")?;
         Self::check_op(t, op, "all_reduce")?;
+        self.agree(Collective::AllReduce, op.code().into(), t)?;
         let _g = tch::no_grad_guard();
         let d = Self::dense(t);
         self.inner.group.all_reduce(&d, op.code())?;
@@ -493,7 +510,9 @@ impl ProcessGroup {
         self.f_broadcast(t, root).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// [`ProcessGroup::broadcast`], returning errors (`root >= world_size`, a timeout).
+    /// [`ProcessGroup::broadcast`], returning errors: [`CkptError::InvalidArgument`] for
+    /// `root >= world_size`, [`CkptError::Dist`] for a timeout or ranks that disagree on
+    /// the shape, dtype or root.
     pub fn f_broadcast(&self, t: &Tensor, root: usize) -> Result<(), CkptError> {
         self.check_device(t, "broadcast")?;
         if root >= self.world_size() {
@@ -502,6 +521,7 @@ impl ProcessGroup {
                 self.world_size()
             )));
         }
+        self.agree(Collective::Broadcast, root as i64, t)?;
         let _g = tch::no_grad_guard();
         let d = Self::dense(t);
         self.inner.group.broadcast(&d, root as i32)?;
@@ -513,9 +533,11 @@ impl ProcessGroup {
         self.f_all_gather(t).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// [`ProcessGroup::all_gather`], returning errors.
+    /// [`ProcessGroup::all_gather`], returning errors: [`CkptError::Dist`] for a timeout
+    /// or ranks whose tensors differ in shape or dtype.
     pub fn f_all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>, CkptError> {
         self.check_device(t, "all_gather")?;
+        self.agree(Collective::AllGather, 0, t)?;
         let _g = tch::no_grad_guard();
         let outs: Vec<Tensor> = (0..self.world_size())
             .map(|_| Tensor::empty(t.size(), (t.kind(), t.device())))
@@ -557,6 +579,7 @@ impl ProcessGroup {
             }
         }
         Self::check_op(&inputs[0], op, "reduce_scatter")?;
+        self.agree(Collective::ReduceScatter, op.code().into(), &inputs[0])?;
         let _g = tch::no_grad_guard();
         let dense: Vec<Tensor> = inputs.iter().map(Self::dense).collect();
         let out = Tensor::empty(inputs[0].size(), (inputs[0].kind(), inputs[0].device()));

@@ -1,0 +1,210 @@
+//! Agreement between ranks before a collective: every rank must call the same collective
+//! on tensors of the same dtype and shape (and the same root or reduction). c10d's Gloo
+//! backend cannot check that itself, and a mismatch aborts a process in Gloo's transport
+//! thread (`gloo::EnforceNotMet`, uncatchable) or exchanges garbage; PyTorch checks it
+//! only under `TORCH_DISTRIBUTED_DEBUG=DETAIL` (its `ProcessGroupWrapper`, which
+//! all-gathers each collective's fingerprint first). Here every collective of
+//! [`ProcessGroup`] does the same, always: one all-gather of [`FINGERPRINT`] int64s, so a
+//! mismatch is a [`CkptError::Dist`] on every rank, naming what each rank passed.
+
+use tch::{Kind, Tensor};
+
+use super::ProcessGroup;
+use crate::CkptError;
+
+/// The dtypes [`kind_code`] names; others are coded by a hash of their name.
+const KINDS: [Kind; 13] = [
+    Kind::Uint8,
+    Kind::Int8,
+    Kind::Int16,
+    Kind::Int,
+    Kind::Int64,
+    Kind::Half,
+    Kind::Float,
+    Kind::Double,
+    Kind::ComplexHalf,
+    Kind::ComplexFloat,
+    Kind::ComplexDouble,
+    Kind::Bool,
+    Kind::BFloat16,
+];
+
+/// A number for `kind`, the same on every rank.
+pub(super) fn kind_code(kind: Kind) -> i64 {
+    match KINDS.iter().position(|k| *k == kind) {
+        Some(i) => i as i64,
+        // FNV-1a of the name, kept above the indices of `KINDS`.
+        None => {
+            let h = format!("{kind:?}")
+                .bytes()
+                .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+                });
+            1000 + (h % 1_000_000_000) as i64
+        }
+    }
+}
+
+/// The name of the dtype `code` stands for.
+pub(super) fn kind_name(code: i64) -> String {
+    usize::try_from(code)
+        .ok()
+        .and_then(|i| KINDS.get(i))
+        .map_or_else(|| format!("dtype #{code}"), |k| format!("{k:?}"))
+}
+
+/// Length of a collective's fingerprint: collective, root or reduction, dtype, number of
+/// dimensions, number of elements, then up to [`DIMS`] sizes (the last slot folds in any
+/// further sizes).
+pub(super) const FINGERPRINT: usize = 5 + DIMS;
+
+/// Sizes a fingerprint spells out one by one.
+const DIMS: usize = 8;
+
+/// The collectives, numbered for the fingerprint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Collective {
+    AllReduce,
+    Broadcast,
+    AllGather,
+    ReduceScatter,
+}
+
+impl Collective {
+    fn name(code: i64) -> &'static str {
+        match code {
+            0 => "all_reduce",
+            1 => "broadcast",
+            2 => "all_gather",
+            3 => "reduce_scatter",
+            _ => "another collective",
+        }
+    }
+}
+
+/// The fingerprint of `collective` on `t` with `arg` (the reduction's code or the root).
+fn fingerprint(collective: Collective, arg: i64, t: &Tensor) -> [i64; FINGERPRINT] {
+    let mut f = [-1; FINGERPRINT];
+    let size = t.size();
+    f[0] = collective as i64;
+    f[1] = arg;
+    f[2] = kind_code(t.kind());
+    f[3] = size.len() as i64;
+    f[4] = t.numel() as i64;
+    for (slot, d) in f[5..].iter_mut().zip(&size) {
+        *slot = *d;
+    }
+    if size.len() > DIMS {
+        // Fold the sizes past the slots into the last one (order-sensitive).
+        f[FINGERPRINT - 1] = size[DIMS - 1..]
+            .iter()
+            .fold(17i64, |h, d| h.wrapping_mul(1_000_003).wrapping_add(*d));
+    }
+    f
+}
+
+/// What a fingerprint says, for a message: `all_reduce of Float [2, 3] (reduction 0)`.
+fn describe(f: &[i64]) -> String {
+    let dims = usize::try_from(f[3]).unwrap_or(0);
+    let sizes: Vec<String> = f[5..5 + dims.min(DIMS)]
+        .iter()
+        .map(i64::to_string)
+        .collect();
+    let more = if dims > DIMS { ", .." } else { "" };
+    let arg = match f[0] {
+        1 => format!(" from root {}", f[1]),
+        2 => String::new(),
+        _ => format!(" (reduction {})", super::ReduceOp::name_of(f[1])),
+    };
+    format!(
+        "{} of {} [{}{more}]{arg}",
+        Collective::name(f[0]),
+        kind_name(f[2]),
+        sizes.join(", ")
+    )
+}
+
+impl ProcessGroup {
+    /// Checks that every rank calls `collective` with the same `arg` on a tensor of `t`'s
+    /// dtype and shape, by all-gathering fingerprints (see the [module docs](self)).
+    ///
+    /// # Errors
+    ///
+    /// [`CkptError::Dist`] on every rank when two ranks disagree (naming both), or when
+    /// the exchange itself fails (a timeout, a rank gone).
+    pub(super) fn agree(
+        &self,
+        collective: Collective,
+        arg: i64,
+        t: &Tensor,
+    ) -> Result<(), CkptError> {
+        let mine = fingerprint(collective, arg, t);
+        let device = t.device();
+        let _g = tch::no_grad_guard();
+        let outs: Vec<Tensor> = (0..self.world_size())
+            .map(|_| Tensor::zeros([FINGERPRINT as i64], (Kind::Int64, device)))
+            .collect();
+        self.raw()
+            .all_gather(&outs, &Tensor::from_slice(&mine).to_device(device))?;
+        for (r, o) in outs.iter().enumerate() {
+            let theirs = Vec::<i64>::try_from(&o.to_device(tch::Device::Cpu))
+                .map_err(|e| CkptError::Dist(e.to_string()))?;
+            if theirs[..] != mine[..] {
+                return Err(CkptError::Dist(format!(
+                    "every rank must make the same collective call, on tensors of the same \
+                     dtype and shape: rank {} calls {}, rank {r} calls {}",
+                    self.rank(),
+                    describe(&mine),
+                    describe(&theirs)
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    #[test]
+    fn fingerprints_tell_apart_what_gloo_cannot() {
+        let t = |shape: &[i64], kind| Tensor::zeros(shape, (kind, Device::Cpu));
+        let base = fingerprint(Collective::AllReduce, 0, &t(&[2, 3], Kind::Float));
+        for other in [
+            fingerprint(Collective::AllReduce, 0, &t(&[3, 2], Kind::Float)),
+            fingerprint(Collective::AllReduce, 0, &t(&[2, 3], Kind::Double)),
+            fingerprint(Collective::AllReduce, 2, &t(&[2, 3], Kind::Float)),
+            fingerprint(Collective::Broadcast, 0, &t(&[2, 3], Kind::Float)),
+            fingerprint(Collective::AllReduce, 0, &t(&[6], Kind::Float)),
+        ] {
+            assert_ne!(base, other);
+        }
+        assert_eq!(
+            base,
+            fingerprint(Collective::AllReduce, 0, &t(&[2, 3], Kind::Float))
+        );
+        // Sizes past the spelled-out slots still count.
+        let long = |last| {
+            fingerprint(
+                Collective::AllGather,
+                0,
+                &t(&[1, 1, 1, 1, 1, 1, 1, 1, 1, last], Kind::Float),
+            )
+        };
+        assert_ne!(long(2), long(3));
+        assert_eq!(
+            describe(&base),
+            "all_reduce of Float [2, 3] (reduction Sum)"
+        );
+        assert_eq!(
+            describe(&fingerprint(
+                Collective::Broadcast,
+                1,
+                &t(&[4], Kind::Int64)
+            )),
+            "broadcast of Int64 [4] from root 1"
+        );
+    }
+}
