@@ -4,8 +4,11 @@
 //! thread (`gloo::EnforceNotMet`, uncatchable) or exchanges garbage; PyTorch checks it
 //! only under `TORCH_DISTRIBUTED_DEBUG=DETAIL` (its `ProcessGroupWrapper`, which
 //! all-gathers each collective's fingerprint first). Here every collective of
-//! [`ProcessGroup`] does the same, always: one all-gather of [`FINGERPRINT`] int64s, so a
-//! mismatch is a [`CkptError::Dist`] on every rank, naming what each rank passed.
+//! [`ProcessGroup`] checks the same, always, with one all-reduce (maximum) of
+//! 2 x [`FINGERPRINT`] int64s (the fingerprint and its negation: each slot's maximum and
+//! minimum over the ranks), so a mismatch is a [`CkptError::Dist`] on every rank, naming
+//! what differs. [`InitOptions::check_collectives`](super::InitOptions::check_collectives)
+//! turns it off.
 
 use tch::{Kind, Tensor};
 
@@ -124,42 +127,69 @@ fn describe(f: &[i64]) -> String {
     )
 }
 
+/// The aspects of a fingerprint that differ between `max` and `min` (slot-wise maximum
+/// and minimum over the ranks), each with its range: `dtype (Float to Double)`.
+fn disagreements(max: &[i64], min: &[i64]) -> Vec<String> {
+    let mut out = Vec::new();
+    for i in (0..FINGERPRINT).filter(|&i| max[i] != min[i]) {
+        let (lo, hi) = (min[i], max[i]);
+        out.push(match i {
+            0 => format!(
+                "collective ({} to {})",
+                Collective::name(lo),
+                Collective::name(hi)
+            ),
+            1 => format!("root or reduction ({lo} to {hi})"),
+            2 => format!("dtype ({} to {})", kind_name(lo), kind_name(hi)),
+            3 => format!("number of dimensions ({lo} to {hi})"),
+            4 => format!("number of elements ({lo} to {hi})"),
+            _ => format!("size of dimension {} ({lo} to {hi})", i - 5),
+        });
+    }
+    out
+}
+
 impl ProcessGroup {
     /// Checks that every rank calls `collective` with the same `arg` on a tensor of `t`'s
-    /// dtype and shape, by all-gathering fingerprints (see the [module docs](self)).
+    /// dtype and shape (see the [module docs](self)): one all-reduce (maximum) of the
+    /// fingerprint and its negation gives each slot's maximum and minimum over the ranks,
+    /// which agree only when every rank passed the same.
     ///
     /// # Errors
     ///
-    /// [`CkptError::Dist`] on every rank when two ranks disagree (naming both), or when
-    /// the exchange itself fails (a timeout, a rank gone).
+    /// [`CkptError::Dist`] on every rank when the ranks disagree (naming what differs and
+    /// over which range), or when the exchange itself fails (a timeout, a rank gone).
     pub(super) fn agree(
         &self,
         collective: Collective,
         arg: i64,
         t: &Tensor,
     ) -> Result<(), CkptError> {
-        let mine = fingerprint(collective, arg, t);
-        let device = t.device();
-        let _g = tch::no_grad_guard();
-        let outs: Vec<Tensor> = (0..self.world_size())
-            .map(|_| Tensor::zeros([FINGERPRINT as i64], (Kind::Int64, device)))
-            .collect();
-        self.raw()
-            .all_gather(&outs, &Tensor::from_slice(&mine).to_device(device))?;
-        for (r, o) in outs.iter().enumerate() {
-            let theirs = Vec::<i64>::try_from(&o.to_device(tch::Device::Cpu))
-                .map_err(|e| CkptError::Dist(e.to_string()))?;
-            if theirs[..] != mine[..] {
-                return Err(CkptError::Dist(format!(
-                    "every rank must make the same collective call, on tensors of the same \
-                     dtype and shape: rank {} calls {}, rank {r} calls {}",
-                    self.rank(),
-                    describe(&mine),
-                    describe(&theirs)
-                )));
-            }
+        if !self.options().check_collectives {
+            return Ok(());
         }
-        Ok(())
+        let mine = fingerprint(collective, arg, t);
+        let mut both: Vec<i64> = mine.to_vec();
+        both.extend(mine.iter().map(|v| v.wrapping_neg()));
+        let _g = tch::no_grad_guard();
+        let exchanged = Tensor::from_slice(&both).to_device(t.device());
+        self.raw()
+            .all_reduce(&exchanged, super::ReduceOp::Max.code())?;
+        let r = Vec::<i64>::try_from(&exchanged.to_device(tch::Device::Cpu))
+            .map_err(|e| CkptError::Dist(e.to_string()))?;
+        let (max, neg_min) = r.split_at(FINGERPRINT);
+        let min: Vec<i64> = neg_min.iter().map(|v| v.wrapping_neg()).collect();
+        let differ = disagreements(max, &min);
+        if differ.is_empty() {
+            return Ok(());
+        }
+        Err(CkptError::Dist(format!(
+            "every rank must make the same collective call, on tensors of the same dtype and \
+             shape, but the ranks disagree on the {}; rank {} calls {}",
+            differ.join(", "),
+            self.rank(),
+            describe(&mine)
+        )))
     }
 }
 
