@@ -654,3 +654,85 @@ fn a_checkpointed_function_whose_input_changes_in_place_fails_backward_clearly()
     drop(y);
     assert_eq!(ckpt::live_segments(), base);
 }
+
+#[test]
+#[ignore = "bug: `panic_message` cuts every message at `Exception raised from` (meant for \\
+            libtorch's C++ backtrace), so a user's own message containing those words loses \\
+            its tail"]
+fn a_user_message_that_mentions_exception_raised_from_is_kept_whole() {
+    let _g = serial();
+    let text = "config: Exception raised from the parser at line 3, key `lr`";
+    let r = ckpt::f_checkpoint(move |_: Tensor| -> Tensor { panic!("{text}") }, x());
+    let (_, message) = panicked_in_forward(r);
+    assert_eq!(message, text);
+}
+
+#[test]
+fn a_segment_without_input_tensors_differentiates_its_captures() {
+    let _g = serial();
+    let base = ckpt::live_segments();
+    let w = x();
+    let wc = w.shallow_clone();
+    let y: Tensor = ckpt::checkpoint(
+        move |c: ckpt::Carry<f64>| (&wc * c.0).sin(),
+        ckpt::Carry(2.0),
+    );
+    y.sum(Kind::Float).backward();
+    let w2 = x();
+    (&w2 * 2.0).sin().sum(Kind::Float).backward();
+    assert!(w.grad().equal(&w2.grad()), "{} vs {}", w.grad(), w2.grad());
+    drop(y);
+    assert_eq!(ckpt::live_segments(), base);
+}
+
+#[test]
+fn a_segment_without_output_tensors_returns_its_values() {
+    let _g = serial();
+    let base = ckpt::live_segments();
+    let r: Result<ckpt::Carry<i32>, CkptError> =
+        ckpt::f_checkpoint(|x: Tensor| ckpt::Carry(x.size()[1] as i32), x());
+    assert_eq!(r.expect("no tensors out").0, 3);
+    let r: Result<Vec<Tensor>, CkptError> =
+        ckpt::f_checkpoint(|_: Vec<Tensor>| Vec::new(), Vec::new());
+    assert!(r.expect("nothing in, nothing out").is_empty());
+    assert_eq!(ckpt::live_segments(), base);
+}
+
+#[test]
+fn a_recompute_panic_during_backward_on_another_thread_is_that_threads_error() {
+    let _g = serial();
+    let base = ckpt::live_segments();
+    let opts = CheckpointOptions::new().name("elsewhere");
+    let y: Tensor = ckpt::checkpoint_with(&opts, panics_on_recompute(|| "far away"), x());
+    let err = std::thread::spawn(move || backward_error(&y))
+        .join()
+        .expect("the thread returns the error");
+    assert!(
+        err.contains("checkpoint `elsewhere`: the closure panicked during recompute: far away"),
+        "{err}"
+    );
+    assert_eq!(ckpt::live_segments(), base);
+}
+
+#[test]
+fn a_recompute_panic_in_double_backward_is_an_error() {
+    let _g = serial();
+    let base = ckpt::live_segments();
+    let xs = x();
+    let opts = CheckpointOptions::new().name("second-order");
+    let y: Tensor = ckpt::checkpoint_with(
+        &opts,
+        panics_on_recompute(|| "no hessian"),
+        xs.shallow_clone(),
+    );
+    let r = Tensor::f_run_backward(&[&y.sum(Kind::Float)], &[&xs], true, true);
+    let err = r.expect_err("the recompute panics").to_string();
+    assert!(
+        err.contains(
+            "checkpoint `second-order`: the closure panicked during recompute: no hessian"
+        ),
+        "{err}"
+    );
+    drop(y);
+    assert_eq!(ckpt::live_segments(), base);
+}
