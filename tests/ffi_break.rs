@@ -736,3 +736,77 @@ fn a_recompute_panic_in_double_backward_is_an_error() {
     drop(y);
     assert_eq!(ckpt::live_segments(), base);
 }
+
+#[test]
+fn every_path_frees_the_closure_and_its_captures_exactly_once() {
+    let _g = serial();
+    let base = ckpt::live_segments();
+    let held = Arc::new(0u8);
+    // Forward panics.
+    let h = held.clone();
+    let r = ckpt::f_checkpoint(
+        move |_: Tensor| -> Tensor {
+            let _keep = &h;
+            panic!("no")
+        },
+        x(),
+    );
+    assert!(r.is_err());
+    assert_eq!(Arc::strong_count(&held), 1, "after a failed forward");
+    // Recompute panics; the graph is freed by the failed backward or by the drop.
+    let h = held.clone();
+    let y: Tensor = ckpt::checkpoint(
+        move |x: Tensor| {
+            let _keep = &h;
+            assert!(!ckpt::is_recomputing(), "no");
+            x.sin()
+        },
+        x(),
+    );
+    let _ = backward_error(&y);
+    drop(y);
+    assert_eq!(Arc::strong_count(&held), 1, "after a failed recompute");
+    // No backward at all; under no_grad.
+    let h = held.clone();
+    let y: Tensor = ckpt::checkpoint(
+        move |x: Tensor| {
+            let _keep = &h;
+            x.sin()
+        },
+        x(),
+    );
+    drop(y);
+    let h = held.clone();
+    let y: Tensor = tch::no_grad(|| {
+        ckpt::checkpoint(
+            move |x: Tensor| {
+                let _keep = &h;
+                x.sin()
+            },
+            x(),
+        )
+    });
+    drop(y);
+    assert_eq!(Arc::strong_count(&held), 1, "without backward");
+    assert_eq!(ckpt::live_segments(), base);
+}
+
+#[test]
+#[ignore = "bug (leak): `catch_panic` and ffi's `guarded` `mem::forget` every panic payload \\
+            (to dodge a panicking Drop), assuming it is small; a `panic_any` payload that \\
+            owns memory (here an Arc) is leaked on every failing forward and recompute"]
+fn a_panic_payload_is_freed() {
+    let _g = serial();
+    let held = Arc::new(vec![0u8; 1 << 20]);
+    let h = held.clone();
+    let r = ckpt::f_checkpoint(
+        move |_: Tensor| -> Tensor { std::panic::panic_any(h.clone()) },
+        x(),
+    );
+    assert!(r.is_err());
+    assert_eq!(
+        Arc::strong_count(&held),
+        1,
+        "the forward's payload is leaked"
+    );
+}
