@@ -210,10 +210,6 @@ fn a_panicking_drop_of_a_capture_after_a_failed_forward_is_not_the_error() {
 }
 
 #[test]
-#[ignore = "bug: under no_grad `run` calls `f` by reference inside `run_plain`, so `f` (and \
-            its captures) is dropped after `catch_panic`: a panicking Drop of a capture \
-            unwinds out of `f_checkpoint` instead of being its error (with grad the same \
-            panic is swallowed when the graph frees the closure)"]
 fn a_panicking_drop_of_a_capture_under_no_grad_is_f_checkpoints_error() {
     let _g = serial();
     let dropped = Arc::new(AtomicUsize::new(0));
@@ -656,9 +652,6 @@ fn a_checkpointed_function_whose_input_changes_in_place_fails_backward_clearly()
 }
 
 #[test]
-#[ignore = "bug: `panic_message` cuts every message at `Exception raised from` (meant for \\
-            libtorch's C++ backtrace), so a user's own message containing those words loses \\
-            its tail"]
 fn a_user_message_that_mentions_exception_raised_from_is_kept_whole() {
     let _g = serial();
     let text = "config: Exception raised from the parser at line 3, key `lr`";
@@ -792,9 +785,6 @@ fn every_path_frees_the_closure_and_its_captures_exactly_once() {
 }
 
 #[test]
-#[ignore = "bug (leak): `catch_panic` and ffi's `guarded` `mem::forget` every panic payload \\
-            (to dodge a panicking Drop), assuming it is small; a `panic_any` payload that \\
-            owns memory (here an Arc) is leaked on every failing forward and recompute"]
 fn a_panic_payload_is_freed() {
     let _g = serial();
     let held = Arc::new(vec![0u8; 1 << 20]);

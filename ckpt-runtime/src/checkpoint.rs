@@ -413,15 +413,21 @@ fn catch_panic<T>(
 ) -> Result<T, CkptError> {
     catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
         let message = panic_message(payload.as_ref());
-        // The payload's own `Drop` could panic too; it is leaked instead (this happens
-        // only on a panic, and the payload is small).
-        std::mem::forget(payload);
+        drop_payload(payload);
         CkptError::ClosurePanicked {
             segment: segment(),
             recompute,
             message,
         }
     })
+}
+
+/// Drops a caught panic's payload; should its own `Drop` panic, that second payload is
+/// leaked (dropping it could panic again) rather than unwinding further.
+pub(crate) fn drop_payload(payload: Box<dyn Any + Send>) {
+    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(again);
+    }
 }
 
 /// The message of a panic payload, without the C++ backtrace that libtorch appends to
@@ -436,7 +442,12 @@ pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
     } else {
         return "panic payload is not a string".to_owned();
     };
-    let Some(i) = message.find("Exception raised from") else {
+    // Only libtorch's backtrace: the marker followed by its "(most recent call first)"
+    // (a user's message that merely mentions the words stays whole).
+    let Some(i) = message
+        .find("Exception raised from")
+        .filter(|&i| message[i..].contains("(most recent call first)"))
+    else {
         return message.to_owned();
     };
     // The newline before it is real, or `\n` inside a Debug rendering (`unwrap()` on
@@ -469,7 +480,9 @@ where
     F: Fn(I) -> O + Send + 'static,
 {
     if !ffi::grad_enabled() {
-        return run_plain(|| name, || f(input));
+        // `f` moves into the guarded call, so a panic in dropping its captures is caught
+        // with the rest.
+        return run_plain(|| name, move || f(input));
     }
     let mut stash = Vec::new();
     let skeleton = input.unpack(&mut stash);

@@ -133,9 +133,7 @@ pub(crate) fn guarded(error: Option<&ErrorSlot>, body: impl FnOnce() -> Result<(
         Ok(Err(e)) => e.to_string(),
         Err(payload) => {
             let message = crate::checkpoint::panic_message(payload.as_ref());
-            // The payload's own `Drop` could panic too; it is leaked instead (this happens
-            // only on a panic, and the payload is small).
-            std::mem::forget(payload);
+            crate::checkpoint::drop_payload(payload);
             message
         }
     };
