@@ -37,7 +37,18 @@ pub(crate) struct ErrorSlot {
 
 impl ErrorSlot {
     fn report(&self, message: &str) {
+        let message = escape_nul(message);
         (self.set)(self.slot, message.as_ptr(), message.len());
+    }
+}
+
+/// `text` with each NUL byte written `\0`: C++ hands messages (and the segment names
+/// in them) back through libtorch's and tch's C strings, which would end at a NUL.
+fn escape_nul(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        text.replace('\0', "\\0").into()
+    } else {
+        text.into()
     }
 }
 
@@ -244,6 +255,7 @@ pub(crate) fn apply(
         ts.iter().map(|t| t.as_ptr() as *mut C_tensor).collect()
     };
     let (input_ptrs, param_ptrs) = (ptrs(inputs), ptrs(params));
+    let name = escape_nul(name);
     let segment = Segment {
         callbacks: Callbacks {
             user: Box::into_raw(Box::new(run)) as *mut c_void,
