@@ -26,6 +26,9 @@ pub struct CheckpointOptions {
     pub(crate) determinism_check: bool,
     pub(crate) name: Option<String>,
     pub(crate) policy: Policy,
+    /// Whether [`CheckpointOptions::policy`] was called: a planner that chooses each
+    /// segment's policy (`segments = auto` functions) then plans for this one instead.
+    pub(crate) policy_set: bool,
     pub(crate) parameters: Parameters,
 }
 
@@ -74,6 +77,7 @@ impl CheckpointOptions {
             determinism_check: true,
             name: None,
             policy: Policy::RECOMPUTE_ALL,
+            policy_set: false,
             parameters: Parameters::default(),
         }
     }
@@ -112,9 +116,12 @@ impl CheckpointOptions {
     }
 
     /// What the segment keeps from its forward instead of recomputing it (selective
-    /// checkpointing; default [`Policy::RECOMPUTE_ALL`]).
+    /// checkpointing; default [`Policy::RECOMPUTE_ALL`]). A `#[checkpointed(segments =
+    /// auto)]` function whose options set no policy lets the planner choose one per
+    /// segment; with one set, it plans the cuts for that policy.
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
+        self.policy_set = true;
         self
     }
 

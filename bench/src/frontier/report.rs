@@ -242,7 +242,7 @@ impl Report {
              `Policy::selective().save_dropout_masks(false)`; PyTorch: \
              `checkpoint(.., use_reentrant=False, context_fn=..)` with \
              `create_selective_checkpoint_contexts` and `MUST_SAVE` for `aten.addmm`, \
-             `PREFER_RECOMPUTE` otherwise); ckpt only: `masks/3` (dropout masks kept, 1 byte an \
+             `PREFER_RECOMPUTE` otherwise); ckpt only: `masks/3` (dropout masks kept, 1 bit an \
              element), `selective+masks/3` (`Policy::selective()`), `budget P%` \
              (`segments = auto` within P % of plain's predicted peak).\n"
         );

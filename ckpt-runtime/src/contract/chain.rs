@@ -51,9 +51,10 @@ use tch::{Device, Kind};
 use super::env::{Env, StageFn};
 use super::registry::REGISTRY;
 use super::run::profile_env;
+use crate::Policy;
 use crate::checkpoint::CheckpointOptions;
 use crate::lock;
-use crate::plan::{Objective, Plan};
+use crate::plan::{Objective, Plan, allowed_policies};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct FnKey {
@@ -327,7 +328,7 @@ impl FnChain {
         counts: &[usize],
         env: &Env,
         what: &str,
-    ) -> Option<Vec<Range<usize>>> {
+    ) -> Option<(Vec<Range<usize>>, Vec<Policy>)> {
         if !crate::ffi::grad_enabled() {
             return None;
         }
@@ -343,7 +344,8 @@ impl FnChain {
                     let last = ranges.last_mut().expect("at least one range");
                     last.end -= 1;
                 }
-                Some(ranges)
+                let policies = vec![options.policy; ranges.len() - 1];
+                Some((ranges, policies))
             }
             ChainSchedule::Auto(objective) => {
                 let key = FnKey::new(env, counts);
@@ -352,8 +354,10 @@ impl FnChain {
                     Some(p) => p,
                     None if crate::is_recomputing() => return None,
                     None => {
-                        let made = profile_env(self, stages, options, fns, env)
-                            .and_then(|costs| costs.plan(&objective));
+                        let fixed = options.policy_set.then_some(options.policy);
+                        let made = profile_env(self, stages, options, fns, env).and_then(|costs| {
+                            costs.plan_with(&objective, &allowed_policies(fixed))
+                        });
                         let names = (0..n).map(|i| stages.name(self, i)).collect();
                         let plan = made
                             .unwrap_or_else(|e| panic!("{what}: {e}"))
@@ -371,7 +375,14 @@ impl FnChain {
                     let last = ranges.last_mut().expect("at least one range");
                     last.end -= 1;
                 }
-                Some(ranges)
+                // A set policy that the planner does not model was planned as full
+                // recompute; its segments still run with it.
+                let policies = if options.policy_set {
+                    vec![options.policy; ranges.len() - 1]
+                } else {
+                    plan.policies().to_vec()
+                };
+                Some((ranges, policies))
             }
         }
     }

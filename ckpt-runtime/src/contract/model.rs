@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use tch::Tensor;
 
-use crate::plan::{ChainCost, InputKey, PLANNED_POLICIES, Plan, Schedule};
+use crate::plan::{ChainCost, InputKey, Plan, Schedule, allowed_policies};
 use crate::{CheckpointOptions, CkptError, Policy, lock};
 
 /// The state of a checkpointed `model!` model (a hidden field): its [`Schedule`], and
@@ -64,13 +64,7 @@ impl ModelPlans {
     /// planner models (else full recompute: the cuts are planned for that), all of
     /// [`PLANNED_POLICIES`] when none was fixed.
     fn allowed(&self) -> Vec<Policy> {
-        if !self.policy_fixed {
-            PLANNED_POLICIES.to_vec()
-        } else if PLANNED_POLICIES.contains(&self.policy) {
-            vec![self.policy]
-        } else {
-            vec![Policy::RECOMPUTE_ALL]
-        }
+        allowed_policies(self.policy_fixed.then_some(self.policy))
     }
 
     /// [`ModelPlans::ranges`] with the policy of each checkpointed segment (one per

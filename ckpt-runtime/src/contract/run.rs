@@ -11,8 +11,10 @@ use super::chain::{FnChain, Stages};
 use super::env::{Env, Slot, Slots, StageFn};
 use super::names::chain_segment_name;
 use super::segment::segment;
-use crate::checkpoint::CheckpointOptions;
-use crate::plan::{ChainCost, StageCost, measure_stage, nbytes, probe_checkpoint_bytes};
+use crate::checkpoint::{CheckpointOptions, run_plain};
+use crate::plan::{
+    ChainCost, StageCost, measure_policies, measure_stage, nbytes, probe_checkpoint_bytes,
+};
 use crate::{CkptError, memory};
 
 /// Runs the units of `chain` on `env` (`counts`: the number of iterations of each, 1 for a
@@ -52,9 +54,12 @@ pub fn run_stages(
         fns.push(probe);
     }
     let stages = Stages::new(chain, counts, probed);
-    let ranges = chain
+    let (ranges, policies) = chain
         .ranges(options, &stages, &fns, counts, env, &what)
-        .unwrap_or_else(|| std::iter::once(0..stages.len() - usize::from(probed)).collect());
+        .unwrap_or_else(|| {
+            let whole = 0..stages.len() - usize::from(probed);
+            (std::iter::once(whole).collect(), Vec::new())
+        });
     let (last, checkpointed) = ranges.split_last().expect("at least one range");
     if checkpointed.is_empty() {
         for (u, r) in stages.pieces(last) {
@@ -97,6 +102,16 @@ pub fn run_stages(
         );
         let (fns, pieces, slots) = (Arc::clone(&fns), stages.pieces(range), chain.slots);
         let outputs_in = outputs.clone();
+        // The plan's policy for this segment (an auto schedule without a set policy
+        // chooses one per segment), else the options' own.
+        let planned;
+        let options = match policies.get(k) {
+            Some(&p) if p != options.policy => {
+                planned = options.clone().policy(p);
+                &planned
+            }
+            _ => options,
+        };
         let out: Slots = segment(
             options,
             seg_name,
@@ -231,13 +246,24 @@ pub(super) fn profile_env(
             },
             &leaves,
         )?;
+        // What the stage keeps and costs to recompute under the masks and selective
+        // policies, as `plan::profile_sequential` measures a model's stage.
+        let (masks, selective) = measure_policies(device, |leaf| {
+            let mut e = local(leaf);
+            run_plain(
+                || format!("{} profiling, stage {i} (policies)", chain.name),
+                || stage(&mut e, iteration..iteration + 1),
+            )
+            .map(|()| e)
+        });
         out.push(StageCost {
             input_bytes,
             kept_bytes: fig.kept_bytes,
             forward_extra_bytes: fig.forward_extra_bytes,
             backward_extra_bytes: fig.backward_extra_bytes,
             forward_seconds: fig.forward_seconds,
-            ..StageCost::default()
+            masks,
+            selective,
         });
         for &s in defs {
             if let Some(slot) = &done.slots[s] {

@@ -35,7 +35,7 @@ pub struct StageCost {
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct KeepCost {
     /// Bytes the policy keeps from the segment's forward until its recompute is done
-    /// (linear outputs, dropout masks at 1 byte an element and a generator state each).
+    /// (linear outputs, dropout masks at 1 bit an element and a generator state each).
     pub kept_bytes: u64,
     /// Seconds of the stage's recompute under the policy: its forward with grad with the
     /// kept results replayed instead of computed.
@@ -82,6 +82,18 @@ pub(crate) const MASKS: Policy = Policy::selective().save_linear(false);
 /// The policies the planner chooses from for each checkpointed segment, in order of
 /// preference on ties: full recompute, dropout masks kept, selective.
 pub const PLANNED_POLICIES: [Policy; 3] = [Policy::RECOMPUTE_ALL, MASKS, Policy::selective()];
+
+/// The policies an auto schedule chooses each checkpointed segment's from: all of
+/// [`PLANNED_POLICIES`] when the user fixed none, else the fixed one when the planner
+/// models it, else full recompute (the cuts are then planned as for full recompute, and
+/// the segments run with the fixed policy).
+pub(crate) fn allowed_policies(fixed: Option<Policy>) -> Vec<Policy> {
+    match fixed {
+        None => PLANNED_POLICIES.to_vec(),
+        Some(p) if PLANNED_POLICIES.contains(&p) => vec![p],
+        Some(_) => vec![Policy::RECOMPUTE_ALL],
+    }
+}
 
 /// The cost profile of a chain: one [`StageCost`] per stage plus two chain-wide figures.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -222,8 +222,8 @@ pub use binomial::{
     f_checkpoint_sequential_binomial_t,
 };
 pub use budget::Budget;
-pub(crate) use cost::MASKS;
 pub use cost::{ChainCost, KeepCost, Objective, PLANNED_POLICIES, StageCost};
+pub(crate) use cost::{MASKS, allowed_policies};
 pub(crate) use outcome::human_bytes;
 pub use outcome::{Phase, Plan, policy_name};
 pub(crate) use planner::InputKey;
@@ -231,7 +231,9 @@ pub use planner::{
     SequentialPlanner, checkpoint_sequential_plan, checkpoint_sequential_plan_t,
     f_checkpoint_sequential_plan, f_checkpoint_sequential_plan_t,
 };
-pub(crate) use profile::{detached_leaf, measure_stage, nbytes, probe_checkpoint_bytes, profile};
+pub(crate) use profile::{
+    detached_leaf, measure_policies, measure_stage, nbytes, probe_checkpoint_bytes, profile,
+};
 pub use profile::{
     f_profile_chain, f_profile_sequential, f_profile_sequential_t, profile_chain,
     profile_sequential, profile_sequential_t,
