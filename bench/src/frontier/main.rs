@@ -86,6 +86,10 @@ struct RunArgs {
     /// Date for the report.
     #[arg(long, default_value = "unknown date")]
     date: String,
+    /// Read a configuration's rounds from `<out>/frontier_raw/` when all of them are
+    /// there (an earlier run's), measuring only the others; the report says which.
+    #[arg(long)]
+    reuse_raw: bool,
 }
 
 /// One configuration: a name, a shape, and its points.
@@ -94,6 +98,8 @@ struct Config {
     name: String,
     shape: Shape,
     points: Vec<Point>,
+    /// Its rounds were read from an earlier run's raw results (`--reuse-raw`).
+    reused: bool,
 }
 
 fn configs(quick: bool, warmup: usize, steps: usize) -> Vec<Config> {
@@ -123,12 +129,14 @@ fn configs(quick: bool, warmup: usize, steps: usize) -> Vec<Config> {
         name: "seq256-batch16".into(),
         shape: shape(256, 16),
         points: points(&[3, 6]),
+        reused: false,
     }];
     if !quick {
         all.push(Config {
             name: "seq1024-batch4".into(),
             shape: shape(1024, 4),
             points: points(&[3, 6]),
+            reused: false,
         });
     }
     all
@@ -172,7 +180,31 @@ fn run(args: &RunArgs) -> Result<()> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let mut measured = Vec::new();
-    for cfg in configs(args.quick, args.warmup, args.steps) {
+    let raw = args.out.join("frontier_raw");
+    for mut cfg in configs(args.quick, args.warmup, args.steps) {
+        let raw_file = |round: usize| raw.join(format!("{}_{round}.json", cfg.name));
+        if args.reuse_raw && (1..=rounds).all(|round| raw_file(round).is_file()) {
+            let mut per_round = Vec::new();
+            for round in 1..=rounds {
+                let path = raw_file(round);
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                let value: serde_json::Value = serde_json::from_str(&text)
+                    .with_context(|| format!("{} is not JSON", path.display()))?;
+                per_round.push(report::Round {
+                    ckpt: serde_json::from_value(value["ckpt"].clone())?,
+                    torch: serde_json::from_value(value["torch"].clone())?,
+                });
+            }
+            eprintln!(
+                "frontier: {}: {rounds} rounds read from {}",
+                cfg.name,
+                raw.display()
+            );
+            cfg.reused = true;
+            measured.push((cfg, per_round));
+            continue;
+        }
         let mut per_round = Vec::new();
         for round in 1..=rounds {
             let ckpt_first = round % 2 == 1;
@@ -192,10 +224,9 @@ fn run(args: &RunArgs) -> Result<()> {
                 torch: theirs.expect("ran"),
             };
             // Each round's raw results, as they come (frontier_raw/<config>_<round>.json).
-            let raw = args.out.join("frontier_raw");
             std::fs::create_dir_all(&raw)?;
             std::fs::write(
-                raw.join(format!("{}_{round}.json", cfg.name)),
+                raw_file(round),
                 serde_json::to_string(&json!({"ckpt": done.ckpt, "torch": done.torch}))?,
             )?;
             per_round.push(done);

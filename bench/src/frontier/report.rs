@@ -90,6 +90,8 @@ pub struct ConfigFigures {
     pub batch: i64,
     pub warmup: usize,
     pub steps: usize,
+    /// Its rounds come from an earlier run's raw results (`--reuse-raw`).
+    pub reused: bool,
     pub points: Vec<PointFigures>,
 }
 
@@ -198,6 +200,7 @@ impl Report {
                 batch: cfg.shape.batch,
                 warmup: cfg.shape.warmup,
                 steps: cfg.shape.steps,
+                reused: cfg.reused,
                 points,
             });
         }
@@ -265,6 +268,13 @@ impl Report {
                 "## {} (seq {}, batch {}; {} warm-up + {} measured steps a process)\n",
                 c.name, c.seq, c.batch, c.warmup, c.steps
             );
+            if c.reused {
+                s.push_str(
+                    "Rounds of an earlier run, read from `frontier_raw/` (`--reuse-raw`) \
+                     instead of measured again with the other configurations; \
+                     `git log bench/frontier_raw` dates them.\n\n",
+                );
+            }
             s.push_str(
                 "| point | ckpt peak | saved | ckpt step (s) | ckpt x plain | PyTorch peak | PyTorch step (s) | PyTorch x plain | time ckpt / PyTorch | peak ckpt / PyTorch |\n\
                  |---|---|---|---|---|---|---|---|---|---|\n",
@@ -544,6 +554,7 @@ mod tests {
                 steps: 1,
             },
             points: vec![Point::Plain, Point::Budget { fraction: 0.5 }],
+            reused: false,
         };
         let round = |budget_peak: i64, plain_secs: f64| Round {
             ckpt: vec![
