@@ -287,6 +287,66 @@ fn policies_keep_the_numbers_and_order_the_peaks() {
     );
 }
 
+/// `--budget` with `--policy auto`: the planner's cuts and policies within 50 % of the
+/// plain run's predicted peak, a fixed policy beside it; the numbers equal the plain
+/// run's, the measured peaks lie below plain's; `--policy auto` without a planner is a
+/// clear error, and so is a budget that is not one.
+#[test]
+fn a_budget_run_lets_the_planner_choose_cuts_and_policies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = [
+        "--quick",
+        "--layers",
+        "4",
+        "--budget",
+        "50%",
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "8",
+        "--train-size",
+        "16",
+        "--test-size",
+        "8",
+        "--policy",
+        "auto",
+        "--policy",
+        "full",
+        "--explain",
+    ];
+    let (doc, stdout) = run_ok(&args, &tmp.path().join("budget.json"));
+    let runs = doc["runs"].as_array().unwrap();
+    let names: Vec<&str> = runs.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["plain", "budget", "budget"]);
+    let policies: Vec<&str> = runs.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(policies, ["none", "auto", "full"]);
+    assert_eq!(doc["grad_max_abs_diff"].as_f64(), Some(0.0));
+    assert_eq!(doc["loss_max_abs_diff"].as_f64(), Some(0.0));
+    let peak: Vec<i64> = runs
+        .iter()
+        .map(|r| r["peak_bytes"].as_i64().unwrap())
+        .collect();
+    assert!(peak[1] < peak[0] && peak[2] < peak[0], "{peak:?}");
+    assert!(
+        stdout.contains("budget 50% of the plain run's peak, policies chosen by the planner"),
+        "{stdout}"
+    );
+
+    let out = run(&["--quick", "--policy", "auto"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "--policy auto lets the planner choose, so it needs --segments auto or --budget"
+        ),
+        "{err}"
+    );
+    let out = run(&["--quick", "--budget", "512"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("write bytes with a unit"), "{err}");
+}
+
 #[test]
 fn bad_data_folders_are_reported_with_their_path() {
     let tmp = tempfile::tempdir().unwrap();

@@ -164,16 +164,18 @@ ckpt::model! {
 const STAGES_BEFORE_BLOCKS: usize = 2;
 
 /// How the blocks are run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Strategy {
     /// One after the other, every activation kept for backward (nothing checkpointed).
     Plain,
     /// The blocks cut into this many segments as `checkpoint_sequential(blocks, N)` cuts
     /// them (the last one is not checkpointed; 1 checkpoints nothing).
     Checkpointed(usize),
-    /// The cuts `ckpt`'s planner chooses for the least peak memory (`segments = auto`),
-    /// from a profile of the model's stages on the first training batch.
-    Auto,
+    /// The cuts `ckpt`'s planner chooses (`segments = auto`) for `Objective::MinPeak`
+    /// (the least peak memory) or `Objective::Budget` (the least recompute time within
+    /// the budget), from a profile of the model's stages on the first training batch;
+    /// without a policy set on the model, also each checkpointed segment's policy.
+    Auto(Objective),
 }
 
 impl Strategy {
@@ -181,7 +183,7 @@ impl Strategy {
     pub fn segments(self) -> usize {
         match self {
             Strategy::Checkpointed(n) => n,
-            Strategy::Plain | Strategy::Auto => 0,
+            Strategy::Plain | Strategy::Auto(_) => 0,
         }
     }
 
@@ -195,7 +197,7 @@ impl Strategy {
     pub fn apply(self, model: &mut Classifier, layers: usize) -> Result<(), ckpt::CkptError> {
         match self {
             Strategy::Plain => model.set_segments(1),
-            Strategy::Auto => model.set_schedule(Schedule::Auto(Objective::MinPeak)),
+            Strategy::Auto(objective) => model.set_schedule(Schedule::Auto(objective)),
             Strategy::Checkpointed(n) => {
                 let ranges = ckpt::sequential_segments(layers, n)?;
                 let cuts = ranges[1..]

@@ -30,14 +30,19 @@ pub(crate) enum PolicyArg {
     /// Keep the dropout masks (1 bit an element) instead of drawing them again;
     /// recompute the rest.
     Masks,
+    /// The planner chooses each checkpointed segment's policy among the three (with
+    /// `--segments auto` or `--budget` only).
+    Auto,
 }
 
 impl PolicyArg {
-    pub(crate) fn policy(self) -> ckpt::Policy {
+    /// The policy the model is set to; `None` for `auto` (the planner chooses).
+    pub(crate) fn policy(self) -> Option<ckpt::Policy> {
         match self {
-            PolicyArg::Full => ckpt::Policy::RECOMPUTE_ALL,
-            PolicyArg::Selective => ckpt::Policy::selective(),
-            PolicyArg::Masks => ckpt::Policy::RECOMPUTE_ALL.save_dropout_masks(true),
+            PolicyArg::Full => Some(ckpt::Policy::RECOMPUTE_ALL),
+            PolicyArg::Selective => Some(ckpt::Policy::selective()),
+            PolicyArg::Masks => Some(ckpt::Policy::RECOMPUTE_ALL.save_dropout_masks(true)),
+            PolicyArg::Auto => None,
         }
     }
 }
@@ -139,15 +144,22 @@ pub(crate) struct Args {
     /// model's stages on the first batch).
     #[arg(long, default_value = "3")]
     pub(crate) segments: SegmentsArg,
+    /// The planner's cuts for the least recompute time within this memory budget,
+    /// instead of --segments: a fraction of the plain run's predicted peak (`40%`,
+    /// `0.4`) or bytes with a unit (`300 MiB`); the predicted peak covers forward and
+    /// backward, not the optimizer step.
+    #[arg(long, value_name = "BUDGET", conflicts_with = "segments")]
+    pub(crate) budget: Option<ckpt::plan::Budget>,
     /// What each checkpointed segment keeps from its forward: `full` keeps only its
     /// input; `selective` also keeps Linear outputs and dropout masks, `masks` only the
-    /// dropout masks (more memory, less recompute; gradients unchanged). Repeat it
+    /// dropout masks (more memory, less recompute; gradients unchanged); `auto` lets the
+    /// planner choose per segment (with --segments auto or --budget). Repeat it
     /// (`--policy full --policy selective`) to train one checkpointed run per policy,
     /// all taking turns with the plain run.
     #[arg(long, value_enum, default_values_t = [PolicyArg::Full])]
     pub(crate) policy: Vec<PolicyArg>,
-    /// Print the plan `--segments auto` makes for the first training batch, before
-    /// training: first with each checkpointed segment's policy chosen by the planner,
+    /// Print the plan `--segments auto` (or `--budget`) makes for the first training
+    /// batch, before training: first with each checkpointed segment's policy chosen by the planner,
     /// then for each --policy (a fixed policy, as the auto run uses it); per segment
     /// the policy and what each policy would keep and save, per stage what is kept and
     /// recomputed, bytes and seconds (`ckpt::plan::Plan::explain`).
@@ -160,7 +172,7 @@ pub(crate) struct Args {
     pub(crate) sequential: bool,
     /// Run segments = 1 (plain) ..= layers and write sweep.png and sweep.csv into
     /// --out-dir (memory against time); combine with --quick for a fast curve.
-    #[arg(long, conflicts_with_all = ["mode", "segments"])]
+    #[arg(long, conflicts_with_all = ["mode", "segments", "budget"])]
     pub(crate) sweep: bool,
     /// Folder for the sweep's PNG and CSV.
     #[arg(long, value_name = "DIR", default_value = "target/train_classifier")]
@@ -293,6 +305,13 @@ impl Args {
             self.segments != SegmentsArg::Count(0),
             "--segments must be at least 1 (1 checkpoints nothing), or auto"
         );
+        ensure!(
+            !self.policy.contains(&PolicyArg::Auto)
+                || self.budget.is_some()
+                || self.segments == SegmentsArg::Auto,
+            "--policy auto lets the planner choose, so it needs --segments auto or --budget"
+        );
+
         ensure!(
             self.heads >= 1 && self.d_model >= 1 && self.d_model % self.heads == 0,
             "--d-model {} must be a positive multiple of --heads {}",

@@ -43,6 +43,7 @@ use crate::cli::{Args, DeviceArg, Mode, SegmentsArg, Sizes, device_name};
 use crate::report::{ConfigJson, Report, RunJson};
 use crate::shard::Sharding;
 use crate::train::{RunResult, RunSpec, Schedule, TrainConfig};
+use ckpt::plan::Objective;
 use ckpt_models::classifier::{self as model, ModelConfig, Strategy};
 use ckpt_models::data;
 use ckpt_models::listops::ListOpsConfig;
@@ -195,9 +196,10 @@ fn main() -> Result<()> {
         }
     }
 
-    let policies: Vec<ckpt::Policy> = args.policy.iter().map(|p| p.policy()).collect();
+    let policies: Vec<Option<ckpt::Policy>> = args.policy.iter().map(|p| p.policy()).collect();
     if args.explain && lead {
-        explain_auto(&task.train, &model_cfg, &train_cfg, &policies)?;
+        let objective = args.budget.map_or(Objective::MinPeak, Objective::Budget);
+        explain_auto(&task.train, &model_cfg, &train_cfg, objective, &policies)?;
     }
     ensure!(
         !args.sweep || policies.len() == 1,
@@ -361,7 +363,7 @@ fn load_task(args: &Args, sizes: &Sizes) -> Result<data::Task> {
 
 /// The runs to make: `--sweep`'s `segments = 1..=layers`, or plain and/or the
 /// checkpointed run of `--segments` with each `--policy` (`--mode`).
-fn run_specs(args: &Args, policies: &[ckpt::Policy]) -> Vec<RunSpec> {
+fn run_specs(args: &Args, policies: &[Option<ckpt::Policy>]) -> Vec<RunSpec> {
     if args.sweep {
         (1..=args.layers)
             .map(|k| {
@@ -376,17 +378,22 @@ fn run_specs(args: &Args, policies: &[ckpt::Policy]) -> Vec<RunSpec> {
         let plain = (
             "plain".to_owned(),
             Strategy::Plain,
-            ckpt::Policy::RECOMPUTE_ALL,
+            Some(ckpt::Policy::RECOMPUTE_ALL),
         );
-        let (name, strategy) = match args.segments {
+        let (name, strategy) = match (args.budget, args.segments) {
+            // The planner's cuts within the budget (the segments column shows `-`).
+            (Some(budget), _) => (
+                "budget".to_owned(),
+                Strategy::Auto(Objective::Budget(budget)),
+            ),
             // More segments than blocks means one block a segment (as
             // `ckpt::sequential_segments` clamps); the table shows the count used.
-            SegmentsArg::Count(n) => (
+            (None, SegmentsArg::Count(n)) => (
                 "checkpointed".to_owned(),
                 Strategy::Checkpointed(n.min(args.layers)),
             ),
-            // The planner's cuts (the table's segments column shows `-`).
-            SegmentsArg::Auto => ("auto".to_owned(), Strategy::Auto),
+            // The planner's cuts for the least peak (the segments column shows `-`).
+            (None, SegmentsArg::Auto) => ("auto".to_owned(), Strategy::Auto(Objective::MinPeak)),
         };
         let ckpt = policies.iter().map(|&p| (name.clone(), strategy, p));
         match args.mode {
@@ -421,19 +428,24 @@ fn compare_runs(runs: &[RunResult], steps: usize) -> Result<(Option<f64>, Option
     Ok((Some(g), Some(l)))
 }
 
-/// `--explain`: the plans of `segments = auto` for the first training batch, the
-/// planner choosing the policies, then with each of `policies` fixed (one profile, the
-/// model's cache keeps it across `set_policy`).
+/// `--explain`: the plans for `objective` (the least peak, or `--budget`) for the first
+/// training batch, the planner choosing the policies, then with each fixed policy of
+/// `policies` (one profile, the model's cache keeps it across `set_policy`).
 fn explain_auto(
     data: &data::Dataset,
     model_cfg: &ModelConfig,
     cfg: &TrainConfig,
-    policies: &[ckpt::Policy],
+    objective: Objective,
+    policies: &[Option<ckpt::Policy>],
 ) -> Result<()> {
     tch::manual_seed(cfg.seed as i64);
     let vs = tch::nn::VarStore::new(cfg.device);
     let mut model = model::Classifier::new(vs.root(), model_cfg);
-    Strategy::Auto.apply(&mut model, model_cfg.layers)?;
+    Strategy::Auto(objective).apply(&mut model, model_cfg.layers)?;
+    let what = match objective {
+        Objective::MinPeak => "segments = auto".to_owned(),
+        Objective::Budget(b) => format!("budget {b}"),
+    };
     let steps = shard::epoch_steps(data, cfg, Sharding::Single, 0)?;
     let (_, rows) = steps
         .first()
@@ -442,14 +454,14 @@ fn explain_auto(
     let (xs, _) = data.batch(rows, cfg.device);
     let plan = model.plan_for(&xs, true)?;
     println!(
-        "\nsegments = auto, policies chosen by the planner:\n{}",
+        "\n{what}, policies chosen by the planner:\n{}",
         plan.explain()
     );
-    for &policy in policies {
+    for &policy in policies.iter().flatten() {
         model.set_policy(policy);
         let plan = model.plan_for(&xs, true)?;
         println!(
-            "\nsegments = auto, policy {} in every checkpointed segment:\n{}",
+            "\n{what}, policy {} in every checkpointed segment:\n{}",
             ckpt::plan::policy_name(policy),
             plan.explain()
         );

@@ -58,8 +58,8 @@ pub struct TrainConfig {
 }
 
 /// One run to make: its name, how the blocks are cut, and what the checkpointed
-/// segments keep from their forward.
-pub type RunSpec = (String, Strategy, ckpt::Policy);
+/// segments keep from their forward (`None`: the planner chooses per segment).
+pub type RunSpec = (String, Strategy, Option<ckpt::Policy>);
 
 /// What one run measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,7 +68,8 @@ pub struct RunResult {
     pub name: String,
     /// Segments of `checkpoint_sequential_t`; 0 for plain.
     pub segments: usize,
-    /// `full`, `selective` or `masks` for checkpointed runs, `none` for plain.
+    /// `full`, `selective` or `masks` for checkpointed runs, `auto` when the planner
+    /// chose per segment, `none` for plain.
     pub policy: &'static str,
     /// Peak tensor bytes above the step's baseline, largest over the steps after the
     /// first (the first when there is only one).
@@ -194,7 +195,7 @@ impl Run {
         name: &str,
         model_cfg: &ModelConfig,
         cfg: &TrainConfig,
-        (strategy, policy): (Strategy, ckpt::Policy),
+        (strategy, policy): (Strategy, Option<ckpt::Policy>),
         sharding: Sharding,
         steps: usize,
         bars: &MultiProgress,
@@ -203,7 +204,9 @@ impl Run {
         let vs = nn::VarStore::new(cfg.device);
         let mut model = Classifier::new(vs.root(), model_cfg);
         strategy.apply(&mut model, model_cfg.layers)?;
-        model.set_policy(policy);
+        if let Some(policy) = policy {
+            model.set_policy(policy);
+        }
         let ddp = match sharding {
             Sharding::Ddp(pg) => Some(DistributedDataParallel::f_new(
                 pg,
@@ -237,7 +240,7 @@ impl Run {
                 segments: strategy.segments(),
                 policy: match strategy {
                     Strategy::Plain => "none",
-                    _ => ckpt::plan::policy_name(policy),
+                    _ => policy.map_or("auto", ckpt::plan::policy_name),
                 },
                 peak_bytes: 0,
                 first_step_peak_bytes: 0,
