@@ -345,6 +345,25 @@ fn a_budget_run_lets_the_planner_choose_cuts_and_policies() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("write bytes with a unit"), "{err}");
+    // A budget no plan fits: an error before training, naming the run it is for.
+    let out = run(&[
+        "--quick",
+        "--layers",
+        "2",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--budget",
+        "1%",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("budget 1% of the plain run's peak, policies chosen by the planner")
+            && err.contains("is too small: the smallest feasible peak"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -197,9 +197,18 @@ fn main() -> Result<()> {
     }
 
     let policies: Vec<Option<ckpt::Policy>> = args.policy.iter().map(|p| p.policy()).collect();
-    if args.explain && lead {
+    // The planner's runs plan before training, so that a fixed policy no plan of the
+    // budget fits is an error here, not a panic in the first step.
+    let auto_runs = !args.sweep && (args.budget.is_some() || args.segments == SegmentsArg::Auto);
+    if (args.explain && lead) || auto_runs {
         let objective = args.budget.map_or(Objective::MinPeak, Objective::Budget);
-        explain_auto(&task.train, &model_cfg, &train_cfg, objective, &policies)?;
+        let plans = auto_plans(&task.train, &model_cfg, &train_cfg, objective, &policies)?;
+        if args.explain && lead {
+            for (what, plan) in plans {
+                println!("\n{what}:\n{}", plan.explain());
+            }
+            println!();
+        }
     }
     ensure!(
         !args.sweep || policies.len() == 1,
@@ -428,16 +437,21 @@ fn compare_runs(runs: &[RunResult], steps: usize) -> Result<(Option<f64>, Option
     Ok((Some(g), Some(l)))
 }
 
-/// `--explain`: the plans for `objective` (the least peak, or `--budget`) for the first
-/// training batch, the planner choosing the policies, then with each fixed policy of
-/// `policies` (one profile, the model's cache keeps it across `set_policy`).
-fn explain_auto(
+/// The plans of `objective` (the least peak, or `--budget`) for the first training
+/// batch, as the planner's runs make them and `--explain` prints them, each with its
+/// title: the planner choosing the policies, then each fixed policy of `policies` (one
+/// profile, the model's cache keeps it across `set_policy`).
+///
+/// # Errors
+///
+/// A policy for which no plan fits the budget, named, with the smallest feasible peak.
+fn auto_plans(
     data: &data::Dataset,
     model_cfg: &ModelConfig,
     cfg: &TrainConfig,
     objective: Objective,
     policies: &[Option<ckpt::Policy>],
-) -> Result<()> {
+) -> Result<Vec<(String, ckpt::plan::Plan)>> {
     tch::manual_seed(cfg.seed as i64);
     let vs = tch::nn::VarStore::new(cfg.device);
     let mut model = model::Classifier::new(vs.root(), model_cfg);
@@ -452,20 +466,18 @@ fn explain_auto(
         .and_then(|s| s.first())
         .context("no training batch")?;
     let (xs, _) = data.batch(rows, cfg.device);
-    let plan = model.plan_for(&xs, true)?;
-    println!(
-        "\n{what}, policies chosen by the planner:\n{}",
-        plan.explain()
-    );
+    let chosen = format!("{what}, policies chosen by the planner");
+    let mut plans = vec![(chosen.clone(), model.plan_for(&xs, true).context(chosen)?)];
     for &policy in policies.iter().flatten() {
         model.set_policy(policy);
-        let plan = model.plan_for(&xs, true)?;
-        println!(
-            "\n{what}, policy {} in every checkpointed segment:\n{}",
-            ckpt::plan::policy_name(policy),
-            plan.explain()
-        );
+        let name = ckpt::plan::policy_name(policy);
+        let plan = model
+            .plan_for(&xs, true)
+            .with_context(|| format!("{what}, --policy {name}"))?;
+        plans.push((
+            format!("{what}, policy {name} in every checkpointed segment"),
+            plan,
+        ));
     }
-    println!();
-    Ok(())
+    Ok(plans)
 }
