@@ -27,6 +27,21 @@ pub(crate) struct Model {
     pub params: Vec<Param>,
     /// The items between the braces, in order.
     pub items: Vec<Item>,
+    /// One entry per item: where its `#[keep]` is, for stages marked to be stored rather
+    /// than recomputed (always `None` for per-call values and `#[field]`s, which are
+    /// reported).
+    pub keeps: Vec<Option<Span>>,
+}
+
+impl Model {
+    /// The stages marked `#[keep]`, with their items' indices.
+    pub(crate) fn kept(&self) -> impl Iterator<Item = (usize, &Item, Span)> {
+        self.items
+            .iter()
+            .zip(&self.keeps)
+            .enumerate()
+            .filter_map(|(k, (item, keep))| keep.map(|span| (k, item, span)))
+    }
 }
 
 /// The path parameter: `p` or `p: &nn::Path`.
@@ -66,6 +81,18 @@ pub(crate) enum Item {
 }
 
 impl Item {
+    /// The name of a stage in messages: the field's name, the built-in's, the function's
+    /// path, `closure`.
+    pub(crate) fn name(&self) -> String {
+        match self {
+            Item::Let(l) => l.ident.to_string(),
+            Item::Field(f) => f.ident.to_string(),
+            Item::Builtin(b) => b.kind.name().to_owned(),
+            Item::Function(f) => super::parse::tokens_text(&f.path),
+            Item::Closure(_) => "closure".to_owned(),
+        }
+    }
+
     /// Whether the item is a stage of the chain (per-call values and `#[field]`s are not).
     pub(crate) fn is_stage(&self) -> bool {
         match self {

@@ -1,6 +1,6 @@
 //! Attributes: `#[checkpointed(..)]` on the declaration (its arguments are parsed by
 //! `crate::args`, shared with `#[checkpointed]` on functions), and `#[train]` /
-//! `#[field]` on items.
+//! `#[field]` / `#[keep]` on items.
 
 use proc_macro2::{Span, TokenStream};
 use syn::spanned::Spanned;
@@ -70,26 +70,37 @@ pub(crate) struct ItemAttrs {
     pub train: Option<Span>,
     /// `#[field]`.
     pub field: Option<Span>,
+    /// `#[keep]` (or `#[ckpt::keep]`, as in a `#[checkpointed]` function).
+    pub keep: Option<Span>,
 }
 
-/// Sorts an item's attributes; anything but doc comments, `#[train]` and `#[field]` is an
-/// error.
+/// The name of an item attribute `model!` knows (`train`, `field`, `keep`; `keep` also
+/// as `ckpt::keep`), or `None`.
+fn known(path: &syn::Path) -> Option<&'static str> {
+    let n = path.segments.len();
+    let last = path.segments.last()?;
+    if path.leading_colon.is_some() || last.arguments != syn::PathArguments::None {
+        return None;
+    }
+    ["train", "field", "keep"].into_iter().find(|name| {
+        last.ident == name
+            && (n == 1 || (*name == "keep" && n == 2 && path.segments[0].ident == "ckpt"))
+    })
+}
+
+/// Sorts an item's attributes; anything but doc comments, `#[train]`, `#[field]` and
+/// `#[keep]` is an error.
 pub(crate) fn item_attrs(attrs: Vec<Attribute>, cx: &mut Ctxt) -> ItemAttrs {
     let mut out = ItemAttrs::default();
     for attr in attrs {
         let path = attr.path();
         if path.is_ident("doc") {
             out.docs.push(attr);
-        } else if path.is_ident("train") || path.is_ident("field") {
-            let slot = if path.is_ident("train") {
-                &mut out.train
-            } else {
-                &mut out.field
-            };
-            let name = if path.is_ident("train") {
-                "train"
-            } else {
-                "field"
+        } else if let Some(name) = known(path) {
+            let slot = match name {
+                "train" => &mut out.train,
+                "field" => &mut out.field,
+                _ => &mut out.keep,
             };
             if !matches!(attr.meta, Meta::Path(_)) {
                 cx.error_spanned_by(&attr, format!("`#[{name}]` takes no arguments"));
@@ -102,7 +113,7 @@ pub(crate) fn item_attrs(attrs: Vec<Attribute>, cx: &mut Ctxt) -> ItemAttrs {
             cx.error_spanned_by(
                 attr.path(),
                 format!(
-                    "unknown attribute `#[{}]` on a `model!` item; expected `#[train]` (the stage takes the train flag), `#[field]` (a field that is not a stage) or doc comments",
+                    "unknown attribute `#[{}]` on a `model!` item; expected `#[train]` (the stage takes the train flag), `#[field]` (a field that is not a stage), `#[keep]` (the stage's output is stored, not recomputed) or doc comments",
                     quote::ToTokens::to_token_stream(path).to_string().replace(' ', "")
                 ),
             );

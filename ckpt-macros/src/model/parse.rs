@@ -69,7 +69,7 @@ pub(crate) fn parse_model(tokens: TokenStream, cx: &mut Ctxt) -> syn::Result<Mod
         }
         let body;
         braced!(body in input);
-        let items = parse_items(&body, cx);
+        let (items, keeps) = parse_items(&body, cx).into_iter().unzip();
         if !input.is_empty() {
             return Err(input
                 .error("unexpected tokens after the declaration; `model!` declares one struct"));
@@ -84,6 +84,7 @@ pub(crate) fn parse_model(tokens: TokenStream, cx: &mut Ctxt) -> syn::Result<Mod
             path,
             params,
             items,
+            keeps,
         })
     };
     parser.parse2(tokens)
@@ -165,8 +166,9 @@ pub(crate) fn tokens_text(t: &impl quote::ToTokens) -> String {
     s
 }
 
-/// The items, comma-separated; an item with an error is skipped up to the next comma.
-fn parse_items(input: ParseStream, cx: &mut Ctxt) -> Vec<Item> {
+/// The items, comma-separated, each with its `#[keep]`; an item with an error is skipped
+/// up to the next comma.
+fn parse_items(input: ParseStream, cx: &mut Ctxt) -> Vec<(Item, Option<Span>)> {
     let mut items = Vec::new();
     // Only fails when recovery itself fails (it cannot: skipping stops at a comma or the
     // end of the braces).
@@ -187,11 +189,45 @@ fn parse_items(input: ParseStream, cx: &mut Ctxt) -> Vec<Item> {
 
 const STAGE_FORMS: &str = "a layer `name: Type = init`, repeated layers `name: [Type; count] = init`, a built-in (`relu`, `gelu`, `tanh`, `sigmoid`, `silu`, `dropout(p)`), a function path (`my_fn`) or a closure (`|xs| ..`)";
 
-/// One item. `Ok(None)`: an error was reported and the item is dropped.
-fn parse_item(input: ParseStream, cx: &mut Ctxt) -> syn::Result<Option<Item>> {
+/// One item, with its `#[keep]` when it is a stage. `Ok(None)`: an error was reported
+/// and the item is dropped.
+fn parse_item(input: ParseStream, cx: &mut Ctxt) -> syn::Result<Option<(Item, Option<Span>)>> {
     let raw_attrs = input.call(Attribute::parse_outer)?;
     let attrs = attr::item_attrs(raw_attrs, cx);
+    let keep = attrs.keep;
+    let item = parse_item_body(input, attrs, cx)?;
+    Ok(item.map(|item| {
+        let keep = keep.filter(|&span| keep_allowed(&item, span, cx));
+        (item, keep)
+    }))
+}
 
+/// Whether `#[keep]` may mark `item` (a stage); reports it otherwise.
+fn keep_allowed(item: &Item, span: Span, cx: &mut Ctxt) -> bool {
+    let what = match item {
+        Item::Let(_) => {
+            "a per-call value `let ..` is computed once per call, outside the checkpointed segments, and never recomputed"
+        }
+        Item::Field(_) if !item.is_stage() => {
+            "a `#[field]` is not a stage of the chain: it has no output to store"
+        }
+        _ => return true,
+    };
+    cx.error_at(
+        span,
+        format!(
+            "`#[keep]` marks a stage whose output is stored instead of recomputed; {what}: remove `#[keep]`"
+        ),
+    );
+    false
+}
+
+/// The item after its attributes.
+fn parse_item_body(
+    input: ParseStream,
+    attrs: ItemAttrs,
+    cx: &mut Ctxt,
+) -> syn::Result<Option<Item>> {
     if input.peek(Token![let]) {
         return parse_let(input, attrs, cx).map(Some);
     }

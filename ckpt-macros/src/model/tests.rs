@@ -53,6 +53,14 @@ fn has_impl_of(input: TokenStream, trait_name: &str) -> bool {
     })
 }
 
+/// Asserts that there are as many messages as `expected` and that each contains its own.
+fn assert_contains_each(errs: &[String], expected: &[&str]) {
+    assert_eq!(errs.len(), expected.len(), "{errs:#?}");
+    for (e, want) in errs.iter().zip(expected) {
+        assert!(e.contains(want), "`{e}` does not contain `{want}`");
+    }
+}
+
 fn parse(input: TokenStream) -> (super::ast::Model, Vec<String>) {
     let mut cx = Ctxt::default();
     let model = super::parse::parse_model(input, &mut cx).expect("header parses");
@@ -193,10 +201,7 @@ fn reports_every_error_in_one_expansion() {
         "duplicate field `fc1`",
         "per-call value `late` follows a stage",
     ];
-    assert_eq!(errs.len(), expected.len(), "{errs:#?}");
-    for (e, want) in errs.iter().zip(expected) {
-        assert!(e.contains(want), "`{e}` does not contain `{want}`");
-    }
+    assert_contains_each(&errs, &expected);
 }
 
 #[test]
@@ -257,6 +262,80 @@ fn checkpoint_argument_errors() {
 }
 
 #[test]
+fn keep_marks_stages_and_its_misuse_is_reported() {
+    let (model, errs) = parse(quote! {
+        #[checkpointed(segments = 2)]
+        struct A(p) {
+            fc: nn::Linear = nn::linear(p, 2, 2, Default::default()),
+            #[keep] blocks: [B; 3] = B::new(p),
+            #[ckpt::keep] relu,
+            #[keep] my_fn,
+            #[keep] |xs| xs * 2.0,
+            out: nn::Linear = nn::linear(p, 2, 2, Default::default()),
+        }
+    });
+    assert!(errs.is_empty(), "{errs:?}");
+    let kept: Vec<usize> = model.kept().map(|(k, _, _)| k).collect();
+    assert_eq!(kept, [1, 2, 3, 4]);
+    let names: Vec<String> = model.kept().map(|(_, i, _)| i.name()).collect();
+    assert_eq!(names, ["blocks", "relu", "my_fn", "closure"]);
+
+    let errs = errors(quote! {
+        #[checkpointed(segments = 2)]
+        struct A(p) {
+            #[keep] let m: Tensor = xs.ne(0),
+            #[keep] #[field] k: i64 = 3,
+            #[keep] #[keep] relu,
+            #[keep(all)] gelu,
+            #[ckpt::train] tanh,
+            silu,
+        }
+    });
+    let expected = [
+        "`#[keep]` marks a stage whose output is stored instead of recomputed; a per-call value",
+        "`#[keep]` marks a stage whose output is stored instead of recomputed; a `#[field]` is not a stage",
+        "duplicate `#[keep]`",
+        "`#[keep]` takes no arguments",
+        "unknown attribute `#[ckpt::train]`",
+    ];
+    assert_contains_each(&errs, &expected);
+
+    let one = |attr: TokenStream| {
+        errors(quote! {
+            #attr
+            struct A(p) { #[keep] relu, gelu }
+        })
+    };
+    let e = one(quote!());
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].contains("but `A` is not checkpointed"), "{e:?}");
+    for attr in [
+        quote!(#[checkpointed(segments = auto)]),
+        quote!(#[checkpointed(budget = "40%")]),
+    ] {
+        let e = one(attr);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].contains("cannot be combined with `segments = auto` or `budget`"),
+            "{e:?}"
+        );
+    }
+    // An invalid `#[checkpointed]` is reported alone.
+    assert_eq!(one(quote!(#[checkpointed(segments = 0)])).len(), 1);
+    assert!(one(quote!(#[checkpointed(segments = 2)])).is_empty());
+    assert!(one(quote!(#[checkpointed(segments = 1)])).is_empty());
+    let e = errors(quote! {
+        #[checkpointed(segments = 2)]
+        struct A(p) { #[field] k: i64 = 3, #[keep] relu, #[keep] gelu }
+    });
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].contains("every stage of `A` is marked `#[keep]`"),
+        "{e:?}"
+    );
+}
+
+#[test]
 fn header_errors() {
     assert!(errors(quote!(struct A { relu }))[0].contains("constructor's parameters"));
     assert!(errors(quote!(struct A() { relu }))[0].contains("`nn::Path`"));
@@ -310,6 +389,19 @@ fn snapshot_checkpointed_encoder() {
             ln: nn::LayerNorm = nn::layer_norm(p, vec![c.d_model], Default::default()),
             |xs| xs.mean_dim(1, false, Kind::Float),
             head: nn::Linear = nn::linear(p, c.d_model, c.classes, Default::default()),
+        }
+    }));
+}
+
+#[test]
+fn snapshot_kept_stages() {
+    insta::assert_snapshot!(pretty(quote! {
+        #[checkpointed(segments = 2)]
+        struct Kept(p) {
+            fc: nn::Linear = nn::linear(p, 4, 8, Default::default()),
+            #[keep] blocks: [Block; 2] = Block::new(p),
+            #[keep] relu,
+            out: nn::Linear = nn::linear(p, 8, 2, Default::default()),
         }
     }));
 }

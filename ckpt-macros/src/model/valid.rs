@@ -1,9 +1,11 @@
 //! Rules spanning several items: unique names, per-call values before the stages, at
-//! least one stage, reserved names.
+//! least one stage, reserved names, and `#[keep]` stages only where a schedule cuts
+//! around them.
 
 use std::collections::HashSet;
 
 use super::ast::{Item, Model};
+use crate::args::Schedule;
 use crate::ctxt::Ctxt;
 
 /// Names a per-call value cannot take: what it sees of the forward call.
@@ -65,6 +67,44 @@ pub(crate) fn check(model: &Model, cx: &mut Ctxt) {
             format!(
                 "`{}` has no stage: declare at least one (`fc1: nn::Linear = nn::linear(p, ..)`, `relu`, `|xs| ..`)",
                 model.ident
+            ),
+        );
+    }
+    check_keeps(model, cx);
+}
+
+/// `#[keep]` stages: in a model checkpointed with a fixed schedule, not every stage.
+fn check_keeps(model: &Model, cx: &mut Ctxt) {
+    let Some((_, _, first)) = model.kept().next() else {
+        return;
+    };
+    let ident = &model.ident;
+    if !model.checkpointed {
+        cx.error_at(
+            first,
+            format!(
+                "`#[keep]` stores a stage's output instead of recomputing it, but `{ident}` is not checkpointed: every output is stored already; add `#[checkpointed(segments = N)]` to the declaration, or remove `#[keep]`"
+            ),
+        );
+        return;
+    }
+    // An invalid `#[checkpointed]` is reported already.
+    let Some(checkpoint) = &model.checkpoint else {
+        return;
+    };
+    if let Schedule::Auto(_) = checkpoint.schedule {
+        cx.error_at(
+            first,
+            "`#[keep]` cannot be combined with `segments = auto` or `budget`: the planner chooses the cuts without modelling kept stages; cut with `segments = N` to keep stages, or let the planner keep linear outputs (`policy = selective`)",
+        );
+        return;
+    }
+    let stages = model.items.iter().filter(|i| i.is_stage()).count();
+    if model.kept().count() == stages {
+        cx.error_at(
+            first,
+            format!(
+                "every stage of `{ident}` is marked `#[keep]`: nothing is left to checkpoint; keep fewer stages, or remove `#[checkpointed]`"
             ),
         );
     }

@@ -21,6 +21,9 @@ pub struct ModelPlans {
     /// Whether the policy was declared or set (`policy = ..`, `set_policy`): then the
     /// planner plans for it instead of choosing one per segment.
     policy_fixed: bool,
+    /// The items marked `#[keep]` (their stages run inline, not checkpointed): an auto
+    /// schedule is refused when there are any, as the planner does not model them.
+    kept: Vec<&'static str>,
     profiles: Arc<Mutex<HashMap<InputKey, ChainCost>>>,
     plans: Arc<Mutex<HashMap<InputKey, Plan>>>,
 }
@@ -32,6 +35,7 @@ impl ModelPlans {
             schedule,
             policy: Policy::RECOMPUTE_ALL,
             policy_fixed: false,
+            kept: Vec::new(),
             profiles: Arc::default(),
             plans: Arc::default(),
         }
@@ -42,6 +46,14 @@ impl ModelPlans {
     pub fn with_policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
         self.policy_fixed = true;
+        self
+    }
+
+    /// The state of a model with stages marked `#[keep]` (`kept`: their names, for the
+    /// error of [`ModelPlans::set`]); the declared schedule is fixed (checked by the
+    /// macro).
+    pub fn with_kept(mut self, kept: Vec<&'static str>) -> Self {
+        self.kept = kept;
         self
     }
 
@@ -114,9 +126,18 @@ impl ModelPlans {
     ///
     /// # Errors
     ///
-    /// As [`Schedule::check`]; the schedule is unchanged then.
+    /// As [`Schedule::check`], and [`CkptError::InvalidArgument`] for
+    /// [`Schedule::Auto`] when the model has kept stages; the schedule is unchanged then.
     pub fn set(&mut self, schedule: Schedule, len: usize) -> Result<(), CkptError> {
         schedule.check(len)?;
+        if let Schedule::Auto(_) = schedule
+            && !self.kept.is_empty()
+        {
+            return Err(CkptError::InvalidArgument(format!(
+                "an automatic schedule (`segments = auto`, a budget) for a model with stages marked `#[keep]` (`{}`): the planner does not model kept stages; cut with `Schedule::Segments(n)` or `Schedule::Cuts(..)`, or remove `#[keep]` and let `policy = selective` keep linear outputs",
+                self.kept.join("`, `")
+            )));
+        }
         self.schedule = schedule;
         self.plans = Arc::default();
         Ok(())
@@ -215,6 +236,37 @@ impl ModelPlans {
     }
 }
 
+/// The segments of one forward call of a model with stages marked `#[keep]`: `ranges`
+/// (the schedule's; the last runs inline) with every run of kept stages (`kept(i)`)
+/// taken out of its checkpointed range, splitting it, as `#[ckpt::keep]` does in a
+/// function. Each range comes with the policy it is checkpointed with (`policies[g]` of
+/// its range `g`), or `None` when it runs inline: a run of kept stages, or the last
+/// range (which is not split, as it runs inline anyway).
+pub fn split_kept(
+    ranges: Vec<Range<usize>>,
+    policies: &[Policy],
+    kept: impl Fn(usize) -> bool,
+) -> Vec<(Range<usize>, Option<Policy>)> {
+    let n = ranges.len();
+    let mut out = Vec::with_capacity(n);
+    for (g, range) in ranges.into_iter().enumerate() {
+        if g + 1 == n || range.is_empty() {
+            out.push((range, None));
+            continue;
+        }
+        let policy = policies.get(g).copied().unwrap_or(Policy::RECOMPUTE_ALL);
+        let mut start = range.start;
+        for i in range.start + 1..range.end {
+            if kept(i) != kept(i - 1) {
+                out.push((start..i, (!kept(i - 1)).then_some(policy)));
+                start = i;
+            }
+        }
+        out.push((start..range.end, (!kept(range.end - 1)).then_some(policy)));
+    }
+    out
+}
+
 /// [`profile_chain`](crate::plan::profile_chain) with the model's checkpoint options (the
 /// probe of what a checkpointed segment keeps follows `preserve_rng_state`).
 ///
@@ -237,6 +289,45 @@ where
 mod tests {
     use super::*;
     use crate::plan::Objective;
+
+    #[test]
+    fn auto_is_refused_with_kept_stages() {
+        let mut p = ModelPlans::new(Schedule::Segments(2)).with_kept(vec!["fc2", "blocks"]);
+        let e = p.set(Schedule::Auto(Objective::MinPeak), 6).unwrap_err();
+        assert!(
+            matches!(&e, CkptError::InvalidArgument(m) if m.contains("(`fc2`, `blocks`)")),
+            "{e}"
+        );
+        assert_eq!(p.schedule(), &Schedule::Segments(2));
+        p.set(Schedule::Cuts(vec![2, 4]), 6).unwrap();
+        assert_eq!(p.schedule(), &Schedule::Cuts(vec![2, 4]));
+    }
+
+    #[test]
+    fn split_kept_takes_kept_runs_out_of_checkpointed_ranges() {
+        let sel = Policy::selective();
+        let full = Policy::RECOMPUTE_ALL;
+        // Ranges 0..4 | 4..8 | 8..10, stages 1, 2 and 4 and 9 kept.
+        let kept = |i: usize| [1, 2, 4, 9].contains(&i);
+        let out = split_kept(vec![0..4, 4..8, 8..10], &[sel, full], kept);
+        assert_eq!(
+            out,
+            [
+                (0..1, Some(sel)),
+                (1..3, None),
+                (3..4, Some(sel)),
+                (4..5, None),
+                (5..8, Some(full)),
+                (8..10, None),
+            ]
+        );
+        // Nothing kept: the ranges as they were, the last inline.
+        let out = split_kept(vec![0..2, 2..3], &[full], |_| false);
+        assert_eq!(out, [(0..2, Some(full)), (2..3, None)]);
+        // A range that is all kept runs inline whole.
+        let out = split_kept(vec![0..2, 2..3], &[full], |i| i < 2);
+        assert_eq!(out, [(0..2, None), (2..3, None)]);
+    }
 
     #[test]
     fn set_keeps_the_old_schedule_on_error() {

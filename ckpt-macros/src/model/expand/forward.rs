@@ -1,6 +1,8 @@
 //! The body of `__ckpt_forward`: the stages in order, or, for a checkpointed model, the
 //! chain cut as the schedule says for this call, every segment but the last through
-//! `::ckpt::__private::segment` with one shared shallow clone of the model.
+//! `::ckpt::__private::segment` with one shared shallow clone of the model; runs of
+//! `#[keep]` stages are taken out of their segments and run inline
+//! (`::ckpt::__private::split_kept`).
 
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
@@ -29,10 +31,8 @@ pub(super) fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
             #h
         };
     };
-    let (ranges, last, ckpt, options, shared, k, range, name, count, guard, this, x, c) = (
+    let (ranges, options, shared, k, range, name, count, guard, this, x, c) = (
         mixed("__ckpt_ranges"),
-        mixed("__ckpt_last"),
-        mixed("__ckpt_checkpointed"),
         mixed("__ckpt_options"),
         mixed("__ckpt_shared"),
         mixed("__ckpt_k"),
@@ -89,6 +89,12 @@ pub(super) fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
         let n = syn::Index::from(n);
         located_at(quote!(::ckpt::__private::dup(&#ctx.#n)), type_span(&l.ty))
     });
+    let (segs, captured, policy, opts) = (
+        mixed("__ckpt_segments"),
+        mixed("__ckpt_captured"),
+        mixed("__ckpt_policy"),
+        mixed("__ckpt_opts"),
+    );
     quote! {
         let #ctx = self.__ckpt_context(#xs, #train);
         let #options = #new_options;
@@ -96,47 +102,49 @@ pub(super) fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
             ::std::vec::Vec<::core::ops::Range<usize>>,
             ::std::vec::Vec<::ckpt::Policy>,
         ) = #ranges_expr;
-        let (#last, #ckpt) = #ranges
-            .split_last()
-            .expect("a schedule gives at least one range");
+        // `#[keep]` stages taken out of the checkpointed ranges: they run inline.
+        let #segs = ::ckpt::__private::split_kept(#ranges, &#policies, |#i| self.__ckpt_kept(#i));
+        let #count = #segs.len();
+        let mut #captured = ::core::option::Option::None;
         let mut #h = #t::shallow_clone(#xs);
-        if !#ckpt.is_empty() {
-            let (#options, #shared) = ::ckpt::__private::capture(#options, self);
-            let #count = #ranges.len();
-            for (#k, #range) in #ckpt.iter().enumerate() {
-                let #name = ::ckpt::__private::chain_segment_name(
-                    ::core::option::Option::Some(::ckpt::__private::short_type_name::<Self>()),
-                    #method,
-                    #k + 1,
-                    #count,
-                    (
-                        ::core::clone::Clone::clone(#range),
-                        self.__ckpt_stage_name(#range.start),
-                        self.__ckpt_stage_name(#range.end - 1),
-                    ),
-                    ::core::file!(),
-                    #line,
-                );
-                let #shared = ::ckpt::__private::ShallowClone::shallow_clone(&#shared);
-                let #range = ::core::clone::Clone::clone(#range);
-                #h = ::ckpt::__private::segment(
-                    &::core::clone::Clone::clone(&#options).policy(#policies[#k]),
-                    #name,
-                    move |(#x, #c): (#t, #ctx_ty)| -> #t {
-                        let #guard = #shared.lock();
-                        let #this = &*#guard;
-                        let mut #x = #x;
-                        for #i in ::core::clone::Clone::clone(&#range) {
-                            #x = #this.__ckpt_stage(#i, #x, #train, &#c);
-                        }
-                        #x
-                    },
-                    (#h, (#(#ctx_in,)*)),
-                );
-            }
-        }
-        for #i in ::core::clone::Clone::clone(#last) {
-            #h = self.__ckpt_stage(#i, #h, #train, &#ctx);
+        for (#k, (#range, #policy)) in #segs.into_iter().enumerate() {
+            let ::core::option::Option::Some(#policy) = #policy else {
+                for #i in #range {
+                    #h = self.__ckpt_stage(#i, #h, #train, &#ctx);
+                }
+                continue;
+            };
+            let (#opts, #shared) = &*#captured.get_or_insert_with(|| {
+                ::ckpt::__private::capture(::core::clone::Clone::clone(&#options), self)
+            });
+            let #name = ::ckpt::__private::chain_segment_name(
+                ::core::option::Option::Some(::ckpt::__private::short_type_name::<Self>()),
+                #method,
+                #k + 1,
+                #count,
+                (
+                    ::core::clone::Clone::clone(&#range),
+                    self.__ckpt_stage_name(#range.start),
+                    self.__ckpt_stage_name(#range.end - 1),
+                ),
+                ::core::file!(),
+                #line,
+            );
+            let #shared = ::ckpt::__private::ShallowClone::shallow_clone(#shared);
+            #h = ::ckpt::__private::segment(
+                &::core::clone::Clone::clone(#opts).policy(#policy),
+                #name,
+                move |(#x, #c): (#t, #ctx_ty)| -> #t {
+                    let #guard = #shared.lock();
+                    let #this = &*#guard;
+                    let mut #x = #x;
+                    for #i in ::core::clone::Clone::clone(&#range) {
+                        #x = #this.__ckpt_stage(#i, #x, #train, &#c);
+                    }
+                    #x
+                },
+                (#h, (#(#ctx_in,)*)),
+            );
         }
         #h
     }

@@ -64,6 +64,7 @@ fn methods(model: &Model) -> Vec<Method> {
         mixed("__ckpt_i"),
         mixed("__ckpt_px"),
     );
+    let kept = model.kept().next().is_some();
     let plan_doc = format!(
         " The plan the chain is cut with for inputs like `xs` (and the train flag): the cuts, \
          the predicted peak memory and extra time (`Plan::explain`, or `Display`). For \
@@ -72,8 +73,33 @@ fn methods(model: &Model) -> Vec<Method> {
          schedules, their cuts evaluated on the profile. Profiles the stages on first sight \
          of the input (two extra forwards and one backward of each stage; the random \
          generators' states are saved and restored around it, so seeded runs stay \
-         reproducible, but running statistics such as batch norm's are updated by it)."
+         reproducible, but running statistics such as batch norm's are updated by it).{}",
+        if kept {
+            " Stages marked `#[keep]` are not modelled: the figures are those of the cuts \
+             with the kept stages checkpointed like the others."
+        } else {
+            ""
+        }
     );
+    // With `#[keep]` stages an automatic schedule is refused (the planner does not model
+    // them).
+    let kept_auto_doc = kept.then(|| {
+        quote! {
+            ///
+            /// `CkptError::InvalidArgument` for an automatic schedule: the model has stages
+            /// marked `#[keep]`, which the planner does not model.
+        }
+    });
+    let auto_doc = if kept {
+        quote! {
+            /// `CkptError::InvalidArgument`: the model has stages marked `#[keep]`, which
+            /// the planner does not model.
+        }
+    } else {
+        quote! {
+            /// None in practice; `Result` for symmetry with the other setters.
+        }
+    };
     vec![
         Method {
             docs: quote! {
@@ -94,6 +120,7 @@ fn methods(model: &Model) -> Vec<Method> {
                 /// `CkptError::InvalidArgument` for `Segments(0)`, cuts that are not strictly
                 /// increasing within `1..stages`, or a budget fraction that is not positive
                 /// and finite; the schedule is unchanged then.
+                #kept_auto_doc
             },
             sig: quote!(fn set_schedule(&mut self, schedule: #schedule) -> #result<(), #err>),
             body: quote! {
@@ -161,7 +188,7 @@ fn methods(model: &Model) -> Vec<Method> {
                 ///
                 /// # Errors
                 ///
-                /// None in practice; `Result` for symmetry with the other setters.
+                #auto_doc
             },
             sig: quote!(fn set_auto(&mut self) -> #result<(), #err>),
             body: quote!(self.set_schedule(#schedule::Auto(::ckpt::plan::Objective::MinPeak))),
@@ -177,6 +204,7 @@ fn methods(model: &Model) -> Vec<Method> {
                 /// # Errors
                 ///
                 /// `CkptError::InvalidArgument` for a fraction that is not positive and finite.
+                #kept_auto_doc
             },
             sig: quote!(fn set_budget(&mut self, budget: ::ckpt::plan::Budget) -> #result<(), #err>),
             body: quote!(self.set_schedule(#schedule::Auto(::ckpt::plan::Objective::Budget(budget)))),

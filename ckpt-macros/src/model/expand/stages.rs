@@ -1,5 +1,5 @@
 //! The hidden inherent methods every model has: the chain's length, its stage names,
-//! the per-call values (`let` items), and `__ckpt_stage(i, ..)`, which runs stage `i`
+//! which stages are kept (`#[keep]`), the per-call values (`let` items), and `__ckpt_stage(i, ..)`, which runs stage `i`
 //! (layers through `Module`/`ModuleT` helpers whose errors say what to do, built-ins,
 //! functions and closures).
 
@@ -189,7 +189,7 @@ fn stage_tokens(item: &Item) -> TokenStream {
     }
 }
 
-/// The hidden inherent methods: length, names, context, stage, forward.
+/// The hidden inherent methods: length, names, kept stages, context, stage, forward.
 pub(super) fn hidden_methods(model: &Model) -> TokenStream {
     let t = tensor();
     let (i, xs, train, ctx, at, n, layer) = (
@@ -219,10 +219,32 @@ pub(super) fn hidden_methods(model: &Model) -> TokenStream {
     let mut helpers = Helpers::default();
     let mut arms = Vec::new();
     let mut name_arms = Vec::new();
+    let mut kept_arms = Vec::new();
     for (k, item) in model.items.iter().enumerate() {
         if !item.is_stage() {
             continue;
         }
+        let kept = model.keeps[k].is_some();
+        kept_arms.push(if is_repeated(item) {
+            let Item::Field(f) = item else {
+                unreachable!("repeated")
+            };
+            let ident = &f.ident;
+            quote! {
+                let #n = self.#ident.len();
+                if #i < #at + #n {
+                    return #kept;
+                }
+                #at += #n;
+            }
+        } else {
+            quote! {
+                if #i == #at {
+                    return #kept;
+                }
+                #at += 1;
+            }
+        });
         let binds = ctx_bindings(model, &stage_tokens(item), &ctx);
         if let Item::Field(f) = item
             && let FieldKind::Repeated { .. } = f.kind
@@ -319,6 +341,27 @@ pub(super) fn hidden_methods(model: &Model) -> TokenStream {
         (quote!(-> #ctx_ty), quote!((#(#let_names,)*)))
     };
 
+    // __ckpt_kept: without `#[keep]` stages, no stage is.
+    // (only the checkpointed forward asks).
+    let kept_body = if model.kept().next().is_some() {
+        quote! {
+            let mut #at: usize = 0;
+            #(#kept_arms)*
+            false
+        }
+    } else {
+        quote!(false)
+    };
+    let kept_fn = model.checkpoint.is_some().then(|| {
+        quote! {
+            /// Whether stage `i` is marked `#[keep]` (runs inline, not checkpointed).
+            #[allow(unused_assignments, unused_variables)]
+            fn __ckpt_kept(&self, #i: usize) -> bool {
+                #kept_body
+            }
+        }
+    });
+
     let forward = forward_body(model, &ctx_ty);
     quote! {
         /// The number of stages of the chain, repeated layers counted one by one.
@@ -334,6 +377,8 @@ pub(super) fn hidden_methods(model: &Model) -> TokenStream {
             #(#name_arms)*
             ::std::format!("stage {} (out of range)", #i)
         }
+
+        #kept_fn
 
         /// The per-call values, computed from the model's input.
         #[allow(unused_variables, clippy::let_and_return)]
