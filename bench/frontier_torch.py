@@ -17,7 +17,6 @@ process's libtorch). Points:
   everything else.
 """
 
-import argparse
 import functools
 import json
 import os
@@ -34,7 +33,7 @@ from torch.utils.checkpoint import (
 )
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_side import Classifier, Meter  # noqa: E402
+from torch_side import Classifier, parse_side_args  # noqa: E402
 
 SAVED_OPS = {torch.ops.aten.addmm.default}
 
@@ -80,14 +79,7 @@ def point_name(p):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--meter", required=True, help="path of libckpt_bench.so")
-    parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--request", required=True, help="JSON: {shape, points}")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    meter = Meter(args.meter)
-    request = json.loads(args.request)
+    meter, request = parse_side_args(__doc__, "JSON: {shape, points}")
     shape = request["shape"]
     c = {"d": 256, "layers": 6, "seq": shape["seq"], "hidden": 1024}
     gen = torch.Generator().manual_seed(1)

@@ -231,15 +231,20 @@ def run_overhead(rounds, calls):
     return {"plain_us": plain, "checkpointed_us": timed(True)}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
+def parse_side_args(description, request_help):
+    """Parses what both PyTorch sides take (--meter, --threads, --request), sets the
+    intra-op thread count, and returns the byte meter and the decoded request."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--meter", required=True, help="path of libckpt_bench.so")
     parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--request", required=True, help="JSON: {kind: config|overhead, ...}")
+    parser.add_argument("--request", required=True, help=request_help)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    meter = Meter(args.meter)
-    request = json.loads(args.request)
+    return Meter(args.meter), json.loads(args.request)
+
+
+def main():
+    meter, request = parse_side_args(__doc__, "JSON: {kind: config|overhead, ...}")
     if request["kind"] == "config":
         result = run_config(meter, request["config"])
     else:

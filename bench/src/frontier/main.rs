@@ -65,27 +65,15 @@ struct RunArgs {
     /// Measured steps a process (a point's time in a round is their median).
     #[arg(long, default_value_t = 2)]
     steps: usize,
-    /// Intra-op threads on both sides.
-    #[arg(long, default_value_t = 2)]
-    threads: i32,
-    /// A Python with PyTorch 2.13.0 (the venv that `./x.sh` sets up).
-    #[arg(long)]
-    python: PathBuf,
-    /// `libckpt_bench.so`, which the PyTorch side loads to count tensor bytes.
-    #[arg(long)]
-    meter: PathBuf,
     /// The PyTorch side's script.
     #[arg(long, default_value = "bench/frontier_torch.py")]
     script: PathBuf,
     /// Directory for FRONTIER.md, frontier.json and frontier.png.
     #[arg(long, default_value = "bench")]
     out: PathBuf,
-    /// Machine description for the report.
-    #[arg(long, default_value = "unknown machine")]
-    machine: String,
-    /// Date for the report.
-    #[arg(long, default_value = "unknown date")]
-    date: String,
+    /// What both programs take: threads, the PyTorch side, the report's header.
+    #[command(flatten)]
+    common: ckpt_bench::util::CommonArgs,
 }
 
 /// One configuration: a name, a shape, and its points.
@@ -143,7 +131,7 @@ fn one_side(args: &RunArgs, cfg: &Config, ckpt_side: bool) -> Result<Vec<PointRe
             Command::new(std::env::current_exe().context("cannot find this program")?)
                 .args(["side", "--shape", &shape, "--points", &points])
                 .arg("--threads")
-                .arg(args.threads.to_string()),
+                .arg(args.common.threads.to_string()),
         )?
     } else {
         let points: Vec<Point> = cfg
@@ -153,12 +141,12 @@ fn one_side(args: &RunArgs, cfg: &Config, ckpt_side: bool) -> Result<Vec<PointRe
             .filter(Point::on_both_sides)
             .collect();
         last_json_line(
-            Command::new(&args.python)
+            Command::new(&args.common.python)
                 .arg(&args.script)
                 .arg("--meter")
-                .arg(&args.meter)
+                .arg(&args.common.meter)
                 .arg("--threads")
-                .arg(args.threads.to_string())
+                .arg(args.common.threads.to_string())
                 .arg("--request")
                 .arg(json!({"shape": cfg.shape, "points": points}).to_string()),
         )?
@@ -203,9 +191,9 @@ fn run(args: &RunArgs) -> Result<()> {
         measured.push((cfg, per_round));
         // Written after each configuration, so a long run that stops keeps what it measured.
         let report = report::Report::new(
-            &args.machine,
-            &args.date,
-            args.threads,
+            &args.common.machine,
+            &args.common.date,
+            args.common.threads,
             rounds,
             measured.clone(),
         )?;

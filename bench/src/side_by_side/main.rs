@@ -39,24 +39,12 @@ struct Args {
     /// Directory for results.json, README.md and the PNG plots.
     #[arg(long, default_value = "bench")]
     out: PathBuf,
-    /// Intra-op threads on both sides.
-    #[arg(long, default_value_t = 2)]
-    threads: i32,
-    /// A Python with PyTorch 2.13.0 (the venv that `./x.sh` sets up).
-    #[arg(long)]
-    python: PathBuf,
-    /// `libckpt_bench.so`, which the PyTorch side loads to count tensor bytes.
-    #[arg(long)]
-    meter: PathBuf,
     /// The PyTorch side's script.
     #[arg(long, default_value = "bench/torch_side.py")]
     script: PathBuf,
-    /// Machine description for the report.
-    #[arg(long, default_value = "unknown machine")]
-    machine: String,
-    /// Date for the report.
-    #[arg(long, default_value = "unknown date")]
-    date: String,
+    /// What both programs take: threads, the PyTorch side, the report's header.
+    #[command(flatten)]
+    common: ckpt_bench::util::CommonArgs,
 }
 
 /// One side-by-side configuration.
@@ -190,12 +178,12 @@ fn encoder_config(cfg: &Config) -> classifier::ModelConfig {
 /// Runs `torch_side.py` with `request` and parses the JSON object it prints last.
 fn python(args: &Args, request: &Value) -> Result<Value> {
     util::last_json_line(
-        Command::new(&args.python)
+        Command::new(&args.common.python)
             .arg(&args.script)
             .arg("--meter")
-            .arg(&args.meter)
+            .arg(&args.common.meter)
             .arg("--threads")
-            .arg(args.threads.to_string())
+            .arg(args.common.threads.to_string())
             .arg("--request")
             .arg(request.to_string()),
     )
@@ -301,7 +289,7 @@ fn overhead(rounds: usize, calls: usize) -> (f64, f64) {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    tch::set_num_threads(args.threads);
+    tch::set_num_threads(args.common.threads);
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
 
