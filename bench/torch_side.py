@@ -145,10 +145,13 @@ class Classifier(nn.Module):
         ]
         return stages
 
-    def forward(self, ids, segments):
+    def forward(self, ids, segments, context_fn=None):
         """`segments` over the blocks as `Strategy::Checkpointed` cuts them: PyTorch's
         `checkpoint_sequential(blocks, segments)` grouping, the embedding and dropout
-        joining the first segment, norm, pooling and head the last (plain) one."""
+        joining the first segment, norm, pooling and head the last (plain) one.
+        `context_fn`, when given, goes to every checkpointed segment (a selective
+        policy: frontier_torch.py)."""
+        kwargs = {} if context_fn is None else {"context_fn": context_fn}
         stages = self.stages(ids)
         size = self.layers // min(segments, self.layers)
         starts = [2 + k * size for k in range(1, min(segments, self.layers))]
@@ -162,7 +165,7 @@ class Classifier(nn.Module):
                     x = f(x)
                 return x
 
-            x = run(x) if k == len(bounds) - 2 else checkpoint(run, x, use_reentrant=False)
+            x = run(x) if k == len(bounds) - 2 else checkpoint(run, x, use_reentrant=False, **kwargs)
         return x
 
 

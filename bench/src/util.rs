@@ -1,7 +1,7 @@
 //! What both benchmark programs share: their common arguments, running the PyTorch side
 //! and reading its JSON, and the plots' font.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, anyhow, ensure};
@@ -26,6 +26,27 @@ pub struct CommonArgs {
     /// Date for the report.
     #[arg(long, default_value = "unknown date")]
     pub date: String,
+}
+
+impl CommonArgs {
+    /// Runs the PyTorch side `script` with `request` (its `--request`) and these
+    /// arguments' Python, meter and threads; parses the JSON object it prints last.
+    ///
+    /// # Errors
+    ///
+    /// As [`last_json_line`].
+    pub fn run_torch_side(&self, script: &Path, request: &Value) -> Result<Value> {
+        last_json_line(
+            Command::new(&self.python)
+                .arg(script)
+                .arg("--meter")
+                .arg(&self.meter)
+                .arg("--threads")
+                .arg(self.threads.to_string())
+                .arg("--request")
+                .arg(request.to_string()),
+        )
+    }
 }
 
 /// Runs `cmd` (a PyTorch side script) and parses the JSON object it prints on its last

@@ -140,16 +140,8 @@ fn one_side(args: &RunArgs, cfg: &Config, ckpt_side: bool) -> Result<Vec<PointRe
             .copied()
             .filter(Point::on_both_sides)
             .collect();
-        last_json_line(
-            Command::new(&args.common.python)
-                .arg(&args.script)
-                .arg("--meter")
-                .arg(&args.common.meter)
-                .arg("--threads")
-                .arg(args.common.threads.to_string())
-                .arg("--request")
-                .arg(json!({"shape": cfg.shape, "points": points}).to_string()),
-        )?
+        args.common
+            .run_torch_side(&args.script, &json!({"shape": cfg.shape, "points": points}))?
     };
     Ok(serde_json::from_value(value["points"].clone())?)
 }

@@ -16,7 +16,6 @@
 mod report;
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use ckpt_bench::measure::{self, Measured};
@@ -44,7 +43,7 @@ struct Args {
     script: PathBuf,
     /// What both programs take: threads, the PyTorch side, the report's header.
     #[command(flatten)]
-    common: ckpt_bench::util::CommonArgs,
+    common: util::CommonArgs,
 }
 
 /// One side-by-side configuration.
@@ -177,16 +176,7 @@ fn encoder_config(cfg: &Config) -> classifier::ModelConfig {
 
 /// Runs `torch_side.py` with `request` and parses the JSON object it prints last.
 fn python(args: &Args, request: &Value) -> Result<Value> {
-    util::last_json_line(
-        Command::new(&args.common.python)
-            .arg(&args.script)
-            .arg("--meter")
-            .arg(&args.common.meter)
-            .arg("--threads")
-            .arg(args.common.threads.to_string())
-            .arg("--request")
-            .arg(request.to_string()),
-    )
+    args.common.run_torch_side(&args.script, request)
 }
 
 fn measured(v: &Value) -> Result<Measured> {
