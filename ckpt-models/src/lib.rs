@@ -7,6 +7,7 @@
 //!   two tasks;
 //! - [`encoder`]: the encoder of `examples/encoder.rs` and the planner's tests, declared
 //!   with `model!` and as a hand-written loop;
+//! - [`mlp`]: the Linear+GELU chain of the memory tests and the runtime benchmark;
 //! - [`resnet`]: a ResNet with batch norm for the correctness tests;
 //! - [`stats`]: the median of repeated measurements.
 
@@ -14,6 +15,7 @@ pub mod classifier;
 pub mod data;
 pub mod encoder;
 pub mod listops;
+pub mod mlp;
 pub mod resnet;
 pub mod stats;
 pub mod text;
