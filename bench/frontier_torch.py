@@ -17,7 +17,6 @@ process's libtorch). Points:
   everything else.
 """
 
-import argparse
 import functools
 import json
 import os
@@ -27,14 +26,10 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import (
-    CheckpointPolicy,
-    checkpoint,
-    create_selective_checkpoint_contexts,
-)
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_side import Classifier, Meter  # noqa: E402
+from torch_side import Classifier, parse_side_args  # noqa: E402
 
 SAVED_OPS = {torch.ops.aten.addmm.default}
 
@@ -46,31 +41,12 @@ def save_linear_outputs(ctx, op, *args, **kwargs):
 
 def forward(model, ids, segments, selective):
     """Classifier.forward with an optional selective policy on each checkpointed segment."""
-    stages = model.stages(ids)
-    size = model.layers // min(segments, model.layers)
-    starts = [2 + k * size for k in range(1, min(segments, model.layers))]
-    bounds = [0] + starts + [len(stages)]
     context_fn = (
         functools.partial(create_selective_checkpoint_contexts, save_linear_outputs)
         if selective
         else None
     )
-    x = ids
-    for k in range(len(bounds) - 1):
-        a, b = bounds[k], bounds[k + 1]
-
-        def run(x, a=a, b=b):
-            for f in stages[a:b]:
-                x = f(x)
-            return x
-
-        if k == len(bounds) - 2:
-            x = run(x)
-        elif context_fn is None:
-            x = checkpoint(run, x, use_reentrant=False)
-        else:
-            x = checkpoint(run, x, use_reentrant=False, context_fn=context_fn)
-    return x
+    return model(ids, segments, context_fn=context_fn)
 
 
 def point_name(p):
@@ -80,14 +56,7 @@ def point_name(p):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--meter", required=True, help="path of libckpt_bench.so")
-    parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--request", required=True, help="JSON: {shape, points}")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    meter = Meter(args.meter)
-    request = json.loads(args.request)
+    meter, request = parse_side_args(__doc__, "JSON: {shape, points}")
     shape = request["shape"]
     c = {"d": 256, "layers": 6, "seq": shape["seq"], "hidden": 1024}
     gen = torch.Generator().manual_seed(1)

@@ -145,10 +145,13 @@ class Classifier(nn.Module):
         ]
         return stages
 
-    def forward(self, ids, segments):
+    def forward(self, ids, segments, context_fn=None):
         """`segments` over the blocks as `Strategy::Checkpointed` cuts them: PyTorch's
         `checkpoint_sequential(blocks, segments)` grouping, the embedding and dropout
-        joining the first segment, norm, pooling and head the last (plain) one."""
+        joining the first segment, norm, pooling and head the last (plain) one.
+        `context_fn`, when given, goes to every checkpointed segment (a selective
+        policy: frontier_torch.py)."""
+        kwargs = {} if context_fn is None else {"context_fn": context_fn}
         stages = self.stages(ids)
         size = self.layers // min(segments, self.layers)
         starts = [2 + k * size for k in range(1, min(segments, self.layers))]
@@ -162,7 +165,7 @@ class Classifier(nn.Module):
                     x = f(x)
                 return x
 
-            x = run(x) if k == len(bounds) - 2 else checkpoint(run, x, use_reentrant=False)
+            x = run(x) if k == len(bounds) - 2 else checkpoint(run, x, use_reentrant=False, **kwargs)
         return x
 
 
@@ -231,15 +234,20 @@ def run_overhead(rounds, calls):
     return {"plain_us": plain, "checkpointed_us": timed(True)}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
+def parse_side_args(description, request_help):
+    """Parses what both PyTorch sides take (--meter, --threads, --request), sets the
+    intra-op thread count, and returns the byte meter and the decoded request."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--meter", required=True, help="path of libckpt_bench.so")
     parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--request", required=True, help="JSON: {kind: config|overhead, ...}")
+    parser.add_argument("--request", required=True, help=request_help)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    meter = Meter(args.meter)
-    request = json.loads(args.request)
+    return Meter(args.meter), json.loads(args.request)
+
+
+def main():
+    meter, request = parse_side_args(__doc__, "JSON: {kind: config|overhead, ...}")
     if request["kind"] == "config":
         result = run_config(meter, request["config"])
     else:

@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ckpt::dist::{
@@ -27,96 +26,10 @@ use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
 // ---------------------------------------------------------------------------------
-// Parent side: spawning workers
+// Parent side: spawning workers (tests/dist_common)
 
-/// One multi-process run at a time: the machine has few cores and each run starts up to
-/// three processes.
-static RUNS: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    RUNS.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind 127.0.0.1:0")
-        .local_addr()
-        .expect("local addr")
-        .port()
-}
-
-/// Runs `scenario` in `world` worker processes started by `ckpt`'s local launcher;
-/// returns each rank's exit success and report (the contents of its `rank<r>.txt`, empty
-/// when it wrote none). Workers still running at `deadline` are killed by PID (by the
-/// launcher) and the test fails.
-fn run_workers(scenario: &str, world: usize, deadline: Duration) -> Vec<(bool, String)> {
-    let _serial = serial();
-    let out = tempfile::tempdir().expect("tempdir");
-    let mut launch = LocalLaunch::new(
-        std::env::current_exe().expect("current_exe"),
-        [
-            "--ignored",
-            "--exact",
-            "worker",
-            "--nocapture",
-            "--test-threads=1",
-        ]
-        .map(Into::into)
-        .to_vec(),
-        world,
-    );
-    launch.envs = vec![
-        ("CKPT_DIST_SCENARIO".into(), scenario.into()),
-        ("CKPT_DIST_OUT".into(), out.path().display().to_string()),
-        ("OMP_NUM_THREADS".into(), "1".into()),
-    ];
-    launch.timeout = Some(deadline);
-    let result = dist::launch_local(&launch).expect("launch workers");
-    assert!(
-        !result.timed_out,
-        "scenario {scenario} x{world}: workers still running after {deadline:?}; killed"
-    );
-    reports(
-        out.path(),
-        &result
-            .status
-            .iter()
-            .map(|s| s.is_some_and(|s| s.success()))
-            .collect::<Vec<_>>(),
-    )
-}
-
-fn reports(out: &Path, ok: &[bool]) -> Vec<(bool, String)> {
-    ok.iter()
-        .enumerate()
-        .map(|(r, ok)| {
-            let report =
-                std::fs::read_to_string(out.join(format!("rank{r}.txt"))).unwrap_or_default();
-            (*ok, report)
-        })
-        .collect()
-}
-
-/// Runs a scenario that must succeed on every rank; returns the reports.
-fn run_ok(scenario: &str, world: usize) -> Vec<String> {
-    let results = run_workers(scenario, world, Duration::from_secs(240));
-    for (rank, (ok, report)) in results.iter().enumerate() {
-        assert!(
-            ok,
-            "scenario {scenario} x{world}: rank {rank} failed: {report}"
-        );
-    }
-    results.into_iter().map(|(_, r)| r).collect()
-}
-
-/// `key=value` pairs of a report line.
-fn fields(report: &str) -> HashMap<String, String> {
-    report
-        .split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
+mod dist_common;
+use dist_common::{fields, free_port, reports, run_ok, run_workers, serial};
 
 // ---------------------------------------------------------------------------------
 // Worker side

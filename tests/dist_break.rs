@@ -1,92 +1,28 @@
 //! Adversarial cases of `ckpt::dist` (issue 12): misused collectives, models DDP must
 //! still get right (frozen parameters, a layer in three segments, a parameter one rank
 //! does not use, `no_sync` from the first step, a forward without backward), parameters
-//! that differ between ranks, timeouts. Same harness as `tests/dist.rs`: the tests run
+//! that differ between ranks, timeouts. Same harness as `tests/dist.rs` (`tests/dist_common`): the tests run
 //! the ignored `worker` test of this binary in 1 to 3 processes through `ckpt`'s local
 //! launcher, on 127.0.0.1 and a free port; every wait is bounded.
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ckpt::CkptError;
-use ckpt::dist::{self, DdpOptions, DistributedDataParallel, InitOptions, LocalLaunch, ReduceOp};
+use ckpt::dist::{self, DdpOptions, DistributedDataParallel, InitOptions, ReduceOp};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
-static RUNS: Mutex<()> = Mutex::new(());
+mod dist_common;
+use dist_common::{fields, free_port, run_workers, serial};
 
-fn serial() -> MutexGuard<'static, ()> {
-    RUNS.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind 127.0.0.1:0")
-        .local_addr()
-        .expect("local addr")
-        .port()
-}
-
-/// Runs `scenario` in `world` workers; each rank's success and report (its lines of
-/// `key=value`, written as it goes so that a crash leaves what came before).
-fn run_workers(scenario: &str, world: usize, deadline: Duration) -> Vec<(bool, String)> {
-    let _serial = serial();
-    let out = tempfile::tempdir().expect("tempdir");
-    let mut launch = LocalLaunch::new(
-        std::env::current_exe().expect("current_exe"),
-        [
-            "--ignored",
-            "--exact",
-            "worker",
-            "--nocapture",
-            "--test-threads=1",
-        ]
-        .map(Into::into)
-        .to_vec(),
-        world,
-    );
-    launch.envs = vec![
-        ("CKPT_DIST_SCENARIO".into(), scenario.into()),
-        ("CKPT_DIST_OUT".into(), out.path().display().to_string()),
-        ("CKPT_DIST_PORT2".into(), free_port().to_string()),
-        ("OMP_NUM_THREADS".into(), "1".into()),
-    ];
-    launch.timeout = Some(deadline);
-    let result = dist::launch_local(&launch).expect("launch workers");
-    assert!(
-        !result.timed_out,
-        "scenario {scenario} x{world}: workers still running after {deadline:?}; killed"
-    );
-    (0..world)
-        .map(|r| {
-            let ok = result.status[r].is_some_and(|s| s.success());
-            let report = std::fs::read_to_string(out.path().join(format!("rank{r}.txt")))
-                .unwrap_or_default();
-            (ok, report)
-        })
-        .collect()
-}
-
+/// Runs a scenario that must succeed on every rank; returns each rank's `key=value` pairs.
 fn run_ok(scenario: &str, world: usize) -> Vec<HashMap<String, String>> {
-    let results = run_workers(scenario, world, Duration::from_secs(240));
-    for (rank, (ok, report)) in results.iter().enumerate() {
-        assert!(
-            ok,
-            "scenario {scenario} x{world}: rank {rank} failed: {report}"
-        );
-    }
-    results.into_iter().map(|(_, r)| fields(&r)).collect()
-}
-
-fn fields(report: &str) -> HashMap<String, String> {
-    report
-        .split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
+    dist_common::run_ok(scenario, world)
+        .iter()
+        .map(|r| fields(r))
         .collect()
 }
 

@@ -6,6 +6,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use ckpt::ShallowClone;
 use ckpt::memory::{self, PeakReport};
+use ckpt_models::mlp::GeluLayer as Layer;
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
@@ -15,32 +16,11 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// One MLP layer, Linear then GELU (as in transformer feed-forward blocks): it keeps its
-/// input (for the weight gradient) and its pre-activation (for GELU's derivative).
-#[derive(Debug)]
-struct Layer(nn::Linear);
-
-impl ShallowClone for Layer {
-    fn shallow_clone(&self) -> Self {
-        Layer(self.0.shallow_clone())
-    }
-}
-
-impl Module for Layer {
-    fn forward(&self, xs: &Tensor) -> Tensor {
-        self.0.forward(xs).gelu("none")
-    }
-}
-
 const WIDTH: i64 = 256;
 const BATCH: i64 = 512;
 
 fn chain() -> (nn::VarStore, Vec<Layer>) {
-    let vs = nn::VarStore::new(Device::Cpu);
-    let layers = (0..16)
-        .map(|i| Layer(nn::linear(vs.root() / i, WIDTH, WIDTH, Default::default())))
-        .collect();
-    (vs, layers)
+    ckpt_models::mlp::gelu_chain(16, WIDTH)
 }
 
 /// Peak bytes of forward + backward above the pre-step baseline. The weights' `.grad`

@@ -5,9 +5,8 @@
 // `criterion_group!` generates an undocumented public function.
 #![allow(missing_docs)]
 
-use ckpt::ShallowClone;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use tch::nn::{self, Module};
+use tch::nn::Module;
 use tch::{Device, Kind, Tensor};
 
 /// Forward + backward of `x * 2 + 1` on a 4-element tensor, unchecked and as a
@@ -31,28 +30,10 @@ fn segment_overhead(c: &mut Criterion) {
     g.finish();
 }
 
-#[derive(Debug)]
-struct Layer(nn::Linear);
-
-impl ShallowClone for Layer {
-    fn shallow_clone(&self) -> Self {
-        Layer(self.0.shallow_clone())
-    }
-}
-
-impl Module for Layer {
-    fn forward(&self, xs: &Tensor) -> Tensor {
-        self.0.forward(xs).gelu("none")
-    }
-}
-
 /// One training step (forward + backward) of 16 Linear+GELU layers, [512, 256] floats.
 fn mlp16_step(c: &mut Criterion) {
     tch::set_num_threads(2);
-    let vs = nn::VarStore::new(Device::Cpu);
-    let layers: Vec<Layer> = (0..16)
-        .map(|i| Layer(nn::linear(vs.root() / i, 256, 256, Default::default())))
-        .collect();
+    let (_vs, layers) = ckpt_models::mlp::gelu_chain(16, 256);
     let x = Tensor::randn([512, 256], (Kind::Float, Device::Cpu));
     let mut g = c.benchmark_group("mlp16_step");
     g.sample_size(30);

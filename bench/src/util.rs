@@ -1,11 +1,53 @@
-//! What both benchmark programs share: running the PyTorch side and reading its JSON,
-//! and the plots' font.
+//! What both benchmark programs share: their common arguments, running the PyTorch side
+//! and reading its JSON, and the plots' font.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, anyhow, ensure};
 use plotters::style::FontStyle;
 use serde_json::Value;
+
+/// The arguments both benchmark programs take (flattened into each one's own).
+#[derive(Debug, Clone, clap::Args)]
+pub struct CommonArgs {
+    /// Intra-op threads on both sides.
+    #[arg(long, default_value_t = 2)]
+    pub threads: i32,
+    /// A Python with PyTorch 2.13.0 (the venv that `./x.sh` sets up).
+    #[arg(long)]
+    pub python: PathBuf,
+    /// `libckpt_bench.so`, which the PyTorch side loads to count tensor bytes.
+    #[arg(long)]
+    pub meter: PathBuf,
+    /// Machine description for the report.
+    #[arg(long, default_value = "unknown machine")]
+    pub machine: String,
+    /// Date for the report.
+    #[arg(long, default_value = "unknown date")]
+    pub date: String,
+}
+
+impl CommonArgs {
+    /// Runs the PyTorch side `script` with `request` (its `--request`) and these
+    /// arguments' Python, meter and threads; parses the JSON object it prints last.
+    ///
+    /// # Errors
+    ///
+    /// As [`last_json_line`].
+    pub fn run_torch_side(&self, script: &Path, request: &Value) -> Result<Value> {
+        last_json_line(
+            Command::new(&self.python)
+                .arg(script)
+                .arg("--meter")
+                .arg(&self.meter)
+                .arg("--threads")
+                .arg(self.threads.to_string())
+                .arg("--request")
+                .arg(request.to_string()),
+        )
+    }
+}
 
 /// Runs `cmd` (a PyTorch side script) and parses the JSON object it prints on its last
 /// line of standard output.

@@ -7,11 +7,15 @@
 //!   two tasks;
 //! - [`encoder`]: the encoder of `examples/encoder.rs` and the planner's tests, declared
 //!   with `model!` and as a hand-written loop;
-//! - [`resnet`]: a ResNet with batch norm for the correctness tests.
+//! - [`mlp`]: the Linear+GELU chain of the memory tests and the runtime benchmark;
+//! - [`resnet`]: a ResNet with batch norm for the correctness tests;
+//! - [`stats`]: the median of repeated measurements.
 
 pub mod classifier;
 pub mod data;
 pub mod encoder;
 pub mod listops;
+pub mod mlp;
 pub mod resnet;
+pub mod stats;
 pub mod text;

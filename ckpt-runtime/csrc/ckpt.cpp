@@ -175,6 +175,9 @@ bool differentiable(const at::Tensor& t) {
 // the segment's backward.
 std::vector<at::Tensor> run_forward(Segment& seg, const std::vector<at::Tensor>& in) {
   at::AutoGradMode no_grad(false);
+  // Inside an enclosing segment's recompute, this run's ops are not the closure turning
+  // grad off.
+  ckpt::GradOffWatch::Pause unwatched;
   ckpt::RngProbe rng_before;
   if (seg.preserve_rng_state) {
     std::set<c10::DeviceIndex> devices;
@@ -341,12 +344,15 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     ckpt::ParamGrads param_grads(seg->params, /*pass_on=*/create_graph);
     std::vector<at::Tensor> outs;
     torch::autograd::edge_list out_edges;
+    std::string grad_off_op;
     {
       RecomputeStateGuard state(*seg);
       at::AutoGradMode grad_on(true);
       ckpt_policy::Scope replay(seg->policy.get(), /*replay=*/true);
       ckpt::ParamGrads::Redirect redirect(param_grads);
+      ckpt::GradOffWatch watch;
       outs = call_closure(*seg, true, detached);
+      grad_off_op = watch.op();
       // An output that is a listed parameter itself leads to its capture node too.
       for (const auto& o : outs) {
         out_edges.push_back(o.defined() && o.requires_grad()
@@ -397,6 +403,25 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       if (i < grads.size() && grads[i].defined() && outs[i].requires_grad()) {
         roots.push_back(out_edges[i]);
         root_grads.push_back(grads[i]);
+      }
+    }
+    // A recompute that gives none of the outputs receiving a gradient a graph, though it ran
+    // an op with grad off on a tensor that requires grad, had grad turned off by the
+    // closure: backward would succeed with no gradient for what lies behind the segment.
+    // PyTorch's reentrant checkpoint refuses any recompute with no output requiring grad
+    // ("none of output has requires_grad=True"); here outputs that are constants (nothing
+    // ran with grad off) keep working, as does a closure that turns grad off for some
+    // outputs while another output that receives a gradient has its graph.
+    if (roots.empty() && !grad_off_op.empty()) {
+      for (size_t i = 0; i < outs.size() && i < grads.size(); ++i) {
+        check(!grads[i].defined(), "checkpoint `", seg->name, "`: output ", i,
+              " receives a gradient, but its recompute does not require grad: the recompute ran ",
+              grad_off_op, " with grad mode off on a tensor that requires grad (the closure ",
+              "turned grad off, e.g. tch::no_grad when ckpt::is_recomputing()), so no output ",
+              "has a graph and the segment's inputs and parameters would silently get no ",
+              "gradient. Do not turn grad off inside the closure (its forward runs under no_grad ",
+              "already, its recompute must build the graph); for a value meant to carry no ",
+              "gradient, use detach()");
       }
     }
     outs.clear();

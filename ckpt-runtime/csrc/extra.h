@@ -1,7 +1,8 @@
 // Declarations shared by csrc/ckpt.cpp and the files that keep its additions apart:
 // csrc/buffers.cpp (running statistics of batch norm during recompute and profiling),
 // csrc/rng.cpp (generator snapshots taken only when a segment draws random numbers) and
-// csrc/params.cpp (captured parameters as inputs of the node).
+// csrc/params.cpp (captured parameters as inputs of the node, and the ops a recompute runs
+// with grad off).
 #pragma once
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -122,5 +123,38 @@ class ParamGrads {
 // tensor the closure captured without `ckpt` seeing it); empty if there is none.
 std::string requested_but_unseen(const torch::autograd::edge_list& roots,
                                  const std::vector<at::Tensor>& stash);
+
+// While alive, notes the first op run on this thread with grad mode off and an input that
+// requires grad (a segment's recompute: see params.cpp), seen through the same kind of
+// RecordFunction callback as `ParamUsage`. That is the closure turning grad off in its
+// recompute (`tch::no_grad`): what the op computes gets no graph, so no gradient reaches
+// the inputs and parameters behind it. The forward runs of nested segments, under no_grad
+// by design, are not watched: they run inside a `GradOffWatch::Pause`.
+class GradOffWatch {
+ public:
+  GradOffWatch();
+  ~GradOffWatch();
+  GradOffWatch(const GradOffWatch&) = delete;
+  GradOffWatch& operator=(const GradOffWatch&) = delete;
+
+  // The name of the first such op (`aten::sin`), empty if none ran.
+  const std::string& op() const { return op_; }
+  void note(const char* op);
+
+  // While alive, ops run on this thread are not seen by the watches around it.
+  class Pause {
+   public:
+    Pause();
+    ~Pause();
+    Pause(const Pause&) = delete;
+    Pause& operator=(const Pause&) = delete;
+
+   private:
+    bool active_ = false;
+  };
+
+ private:
+  std::string op_;
+};
 
 }  // namespace ckpt

@@ -24,12 +24,18 @@
 // through a thread-local RecordFunction callback (PyTorch's profiler hook) that marks the
 // listed parameters among the op's inputs. An edge to a parameter the segment does not use
 // would hold its accumulator node back until the segment's backward.
+//
+// The recompute's ops are watched the same way (`GradOffWatch`) for one mistake: an op run
+// with grad mode off on a tensor that requires grad, which is the closure turning grad off
+// in its recompute. The node's backward refuses a recompute that, so made, gives none of
+// the outputs that receive a gradient a graph (csrc/ckpt.cpp).
 
 #ifndef NDEBUG
 #define NDEBUG
 #endif
 
 #include <ATen/record_function.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
@@ -117,7 +123,77 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   return nullptr;
 }
 
+// The recompute watches under way on this thread, innermost last; null for a pause (a
+// nested segment's forward run), and the callback that feeds the innermost while there is
+// one.
+thread_local std::vector<GradOffWatch*> t_watch;
+thread_local at::CallbackHandle t_watch_callback = 0;
+
+bool requires_grad(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    return t.defined() && t.requires_grad();
+  }
+  if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorVector()) {
+      if (t.defined() && t.requires_grad()) return true;
+    }
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor() && e.toTensor().defined() && e.toTensor().requires_grad()) return true;
+    }
+  }
+  return false;
+}
+
+std::unique_ptr<at::ObserverContext> on_recompute_op(const at::RecordFunction& fn) {
+  if (c10::GradMode::is_enabled() || t_watch.empty()) return nullptr;
+  GradOffWatch* w = t_watch.back();
+  if (w == nullptr || !w->op().empty()) return nullptr;
+  for (const c10::IValue& v : fn.inputs()) {
+    if (requires_grad(v)) {
+      w->note(fn.name());
+      break;
+    }
+  }
+  return nullptr;
+}
+
+void push_watch(GradOffWatch* w) {
+  if (t_watch.empty()) {
+    t_watch_callback = at::addThreadLocalCallback(at::RecordFunctionCallback(on_recompute_op)
+                                                      .needsInputs(true)
+                                                      .scopes({at::RecordScope::FUNCTION}));
+  }
+  t_watch.push_back(w);
+}
+
+void pop_watch() {
+  t_watch.pop_back();
+  if (t_watch.empty()) {
+    at::removeCallback(t_watch_callback);
+    t_watch_callback = 0;
+  }
+}
+
 }  // namespace
+
+GradOffWatch::GradOffWatch() { push_watch(this); }
+
+GradOffWatch::~GradOffWatch() { pop_watch(); }
+
+void GradOffWatch::note(const char* op) { op_ = (op != nullptr && *op != '\0') ? op : "an op"; }
+
+// A pause outside every watch costs nothing: no callback is installed for it.
+GradOffWatch::Pause::Pause() {
+  if (t_watch.empty()) return;
+  push_watch(nullptr);
+  active_ = true;
+}
+
+GradOffWatch::Pause::~Pause() {
+  if (active_) pop_watch();
+}
 
 ParamUsage::ParamUsage(const std::vector<at::Tensor>& params) : params_(params) {
   if (params_.empty()) return;

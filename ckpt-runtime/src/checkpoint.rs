@@ -319,13 +319,24 @@ pub fn live_segments() -> i64 {
 /// - A second backward through the graph needs the graph kept in the first (as
 ///   without checkpointing); without it, backward fails with libtorch's "backward
 ///   through the graph a second time" and the fix, naming the segment.
+/// - `f` must not turn grad off in its recompute (`tch::no_grad` when
+///   [`is_recomputing`]): the recompute builds the graph that
+///   backward differentiates. When the recompute runs an op with grad off on a tensor
+///   that requires grad and, after it, none of the outputs that receive a gradient
+///   requires grad, backward fails with an error naming the segment, the output and the
+///   op, instead of leaving the inputs and parameters without their gradient (PyTorch's
+///   reentrant checkpoint raises "none of output has requires_grad=True" there). Outputs
+///   that are constants, integer tensors or carried values are not that error, nor is a
+///   value made under `no_grad` beside an output with a graph (it gets no gradient, as
+///   in the plain function); for a value meant to carry no gradient, `detach()` says so.
 ///
 /// # Panics
 ///
 /// When [`f_checkpoint`] returns an error: `f` panicked in forward (the panic is caught
 /// around `f`, inside the node's call, and re-raised here with its message) or libtorch
 /// failed.
-/// Failures during recompute surface from `loss.backward()` (tch panics) or
+/// Failures during recompute (`f` panics, its outputs differ from the forward's, it ran
+/// without grad: see above) surface from `loss.backward()` (tch panics) or
 /// `loss.f_backward()` (an `Err` whose message names the segment).
 ///
 /// Source: PyTorch's `torch.utils.checkpoint.checkpoint` (reentrant variant, with the

@@ -7,6 +7,12 @@
 /// message. Errors that arise during recompute, inside `loss.backward()`, reach you
 /// through tch: `loss.f_backward()` returns `Err(TchError::Torch(message))` whose message
 /// is this error's text (it names the segment), and `loss.backward()` panics with it.
+/// Besides a closure's panic, the node's backward itself refuses a recompute whose outputs
+/// differ from the forward's (count, shapes, dtypes, devices), an input of the segment
+/// changed in place since forward, a second backward through a freed graph, and a
+/// recompute the closure ran without grad so that no output receiving a gradient has a
+/// graph (see `checkpoint`): each message names the segment, says what happened and the
+/// fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CkptError {

@@ -67,29 +67,20 @@ macro_rules! carried {
     )*};
 }
 
-carried!(
-    (),
-    bool,
-    char,
-    i8,
-    i16,
-    i32,
-    i64,
-    i128,
-    isize,
-    u8,
-    u16,
-    u32,
-    u64,
-    u128,
-    usize,
-    f32,
-    f64,
-    String,
-    &'static str,
-    Kind,
-    Device,
-);
+/// Calls `$apply!` with the plain values, followed by `$extra`: the types a checkpoint
+/// carries unchanged ([`Stash`], here) and module state clones whole
+/// ([`ShallowClone`](crate::ShallowClone), `shallow/mod.rs`).
+macro_rules! with_plain_values {
+    ($apply:ident $(, $extra:ty)* $(,)?) => {
+        $apply!(
+            (), bool, char, i8, i16, i32, i64, i128, isize, u8, u16, u32, u64, u128, usize,
+            f32, f64, String, &'static str, Kind, Device $(, $extra)*
+        );
+    };
+}
+pub(crate) use with_plain_values;
+
+with_plain_values!(carried);
 
 /// Carries any `Clone + Send` value through a checkpoint boundary unchanged (it is cloned
 /// for the recompute). Use it for configuration values that are not covered by

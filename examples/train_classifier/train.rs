@@ -122,19 +122,9 @@ impl RunResult {
     }
 }
 
-/// Median of `xs` (NaN when empty).
+/// The median of `xs` ([`ckpt_models::stats::median`]); NaN when `xs` is empty.
 pub fn median(xs: &[f64]) -> f64 {
-    if xs.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    ckpt_models::stats::median(xs).unwrap_or(f64::NAN)
 }
 
 fn synchronize(device: Device) {

@@ -65,27 +65,15 @@ struct RunArgs {
     /// Measured steps a process (a point's time in a round is their median).
     #[arg(long, default_value_t = 2)]
     steps: usize,
-    /// Intra-op threads on both sides.
-    #[arg(long, default_value_t = 2)]
-    threads: i32,
-    /// A Python with PyTorch 2.13.0 (the venv that `./x.sh` sets up).
-    #[arg(long)]
-    python: PathBuf,
-    /// `libckpt_bench.so`, which the PyTorch side loads to count tensor bytes.
-    #[arg(long)]
-    meter: PathBuf,
     /// The PyTorch side's script.
     #[arg(long, default_value = "bench/frontier_torch.py")]
     script: PathBuf,
     /// Directory for FRONTIER.md, frontier.json and frontier.png.
     #[arg(long, default_value = "bench")]
     out: PathBuf,
-    /// Machine description for the report.
-    #[arg(long, default_value = "unknown machine")]
-    machine: String,
-    /// Date for the report.
-    #[arg(long, default_value = "unknown date")]
-    date: String,
+    /// What both programs take: threads, the PyTorch side, the report's header.
+    #[command(flatten)]
+    common: ckpt_bench::util::CommonArgs,
     /// Read a configuration's rounds from `<out>/frontier_raw/` when all of them are
     /// there (an earlier run's), measuring only the others; the report says which.
     #[arg(long)]
@@ -151,7 +139,7 @@ fn one_side(args: &RunArgs, cfg: &Config, ckpt_side: bool) -> Result<Vec<PointRe
             Command::new(std::env::current_exe().context("cannot find this program")?)
                 .args(["side", "--shape", &shape, "--points", &points])
                 .arg("--threads")
-                .arg(args.threads.to_string()),
+                .arg(args.common.threads.to_string()),
         )?
     } else {
         let points: Vec<Point> = cfg
@@ -160,16 +148,8 @@ fn one_side(args: &RunArgs, cfg: &Config, ckpt_side: bool) -> Result<Vec<PointRe
             .copied()
             .filter(Point::on_both_sides)
             .collect();
-        last_json_line(
-            Command::new(&args.python)
-                .arg(&args.script)
-                .arg("--meter")
-                .arg(&args.meter)
-                .arg("--threads")
-                .arg(args.threads.to_string())
-                .arg("--request")
-                .arg(json!({"shape": cfg.shape, "points": points}).to_string()),
-        )?
+        args.common
+            .run_torch_side(&args.script, &json!({"shape": cfg.shape, "points": points}))?
     };
     Ok(serde_json::from_value(value["points"].clone())?)
 }
@@ -234,9 +214,9 @@ fn run(args: &RunArgs) -> Result<()> {
         measured.push((cfg, per_round));
         // Written after each configuration, so a long run that stops keeps what it measured.
         let report = report::Report::new(
-            &args.machine,
-            &args.date,
-            args.threads,
+            &args.common.machine,
+            &args.common.date,
+            args.common.threads,
             rounds,
             measured.clone(),
         )?;

@@ -16,7 +16,6 @@
 mod report;
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use ckpt_bench::measure::{self, Measured};
@@ -39,24 +38,12 @@ struct Args {
     /// Directory for results.json, README.md and the PNG plots.
     #[arg(long, default_value = "bench")]
     out: PathBuf,
-    /// Intra-op threads on both sides.
-    #[arg(long, default_value_t = 2)]
-    threads: i32,
-    /// A Python with PyTorch 2.13.0 (the venv that `./x.sh` sets up).
-    #[arg(long)]
-    python: PathBuf,
-    /// `libckpt_bench.so`, which the PyTorch side loads to count tensor bytes.
-    #[arg(long)]
-    meter: PathBuf,
     /// The PyTorch side's script.
     #[arg(long, default_value = "bench/torch_side.py")]
     script: PathBuf,
-    /// Machine description for the report.
-    #[arg(long, default_value = "unknown machine")]
-    machine: String,
-    /// Date for the report.
-    #[arg(long, default_value = "unknown date")]
-    date: String,
+    /// What both programs take: threads, the PyTorch side, the report's header.
+    #[command(flatten)]
+    common: util::CommonArgs,
 }
 
 /// One side-by-side configuration.
@@ -189,16 +176,7 @@ fn encoder_config(cfg: &Config) -> classifier::ModelConfig {
 
 /// Runs `torch_side.py` with `request` and parses the JSON object it prints last.
 fn python(args: &Args, request: &Value) -> Result<Value> {
-    util::last_json_line(
-        Command::new(&args.python)
-            .arg(&args.script)
-            .arg("--meter")
-            .arg(&args.meter)
-            .arg("--threads")
-            .arg(args.threads.to_string())
-            .arg("--request")
-            .arg(request.to_string()),
-    )
+    args.common.run_torch_side(&args.script, request)
 }
 
 fn measured(v: &Value) -> Result<Measured> {
@@ -301,7 +279,7 @@ fn overhead(rounds: usize, calls: usize) -> (f64, f64) {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    tch::set_num_threads(args.threads);
+    tch::set_num_threads(args.common.threads);
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
 

@@ -42,9 +42,9 @@ impl Report {
             })
             .collect();
         Report {
-            machine: args.machine.clone(),
-            date: args.date.clone(),
-            threads: args.threads,
+            machine: args.common.machine.clone(),
+            date: args.common.date.clone(),
+            threads: args.common.threads,
             quick: args.quick,
             configs,
             scaling,

@@ -199,6 +199,16 @@ mod tests {
     use tch::Device;
 
     #[test]
+    fn reduce_op_codes_are_the_ones_dist_cpp_reads_and_name_back() {
+        use super::super::ReduceOp;
+        let ops = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
+        let codes: Vec<i32> = ops.iter().map(|op| op.code()).collect();
+        assert_eq!(codes, [0, 1, 2, 3]);
+        let names: Vec<&str> = [0, 1, 2, 3, 4, -1].map(ReduceOp::name_of).to_vec();
+        assert_eq!(names, ["Sum", "Avg", "Max", "Min", "unknown", "unknown"]);
+    }
+
+    #[test]
     fn fingerprints_tell_apart_what_gloo_cannot() {
         let t = |shape: &[i64], kind| Tensor::zeros(shape, (kind, Device::Cpu));
         let base = fingerprint(Collective::AllReduce, 0, &t(&[2, 3], Kind::Float));

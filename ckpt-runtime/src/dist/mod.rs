@@ -123,24 +123,26 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
+    /// Every reduction with its name, in the order of the codes `csrc/dist.cpp` reads.
+    const TABLE: [(ReduceOp, &'static str); 4] = [
+        (ReduceOp::Sum, "Sum"),
+        (ReduceOp::Avg, "Avg"),
+        (ReduceOp::Max, "Max"),
+        (ReduceOp::Min, "Min"),
+    ];
+
+    /// The code `csrc/dist.cpp` takes for this reduction: its index in `TABLE`.
     pub(crate) fn code(self) -> i32 {
-        match self {
-            ReduceOp::Sum => 0,
-            ReduceOp::Avg => 1,
-            ReduceOp::Max => 2,
-            ReduceOp::Min => 3,
-        }
+        let index = Self::TABLE.iter().position(|&(op, _)| op == self);
+        index.expect("every ReduceOp is in TABLE") as i32
     }
 
-    /// The name of the reduction `code` stands for.
+    /// The name of the reduction `code` stands for ("unknown" for no reduction's code).
     fn name_of(code: i64) -> &'static str {
-        match code {
-            0 => "Sum",
-            1 => "Avg",
-            2 => "Max",
-            3 => "Min",
-            _ => "unknown",
-        }
+        usize::try_from(code)
+            .ok()
+            .and_then(|i| Self::TABLE.get(i))
+            .map_or("unknown", |&(_, name)| name)
     }
 }
 

@@ -64,28 +64,8 @@ macro_rules! by_clone {
     )*};
 }
 
-by_clone!(
-    (),
-    bool,
-    char,
-    i8,
-    i16,
-    i32,
-    i64,
-    i128,
-    isize,
-    u8,
-    u16,
-    u32,
-    u64,
-    u128,
-    usize,
-    f32,
-    f64,
-    String,
-    &'static str,
-    Kind,
-    Device,
+crate::stash::with_plain_values!(
+    by_clone,
     nn::LinearConfig,
     nn::ConvConfig,
     nn::LayerNormConfig,
