@@ -210,53 +210,34 @@ at::Tensor linear_kernel(const at::Tensor& input, const at::Tensor& weight,
 // fused native_dropout, which this file leaves alone)
 
 // The noise's 0/1 pattern as bits, 8 elements a byte, least significant bit first.
-// A contiguous noise (that of a contiguous input, the common case) is read in place;
-// another is first laid out in its logical order.
 at::Tensor pack_bits(const at::Tensor& noise) {
-  const int64_t n = noise.numel();
-  at::Tensor bits = at::empty({(n + 7) / 8}, noise.options().dtype(at::kByte));
+  const at::Tensor kept = noise.ne(0).contiguous();
+  const int64_t n = kept.numel();
+  at::Tensor bits = at::empty({(n + 7) / 8}, kept.options().dtype(at::kByte));
+  const bool* in = kept.const_data_ptr<bool>();
   uint8_t* out = bits.mutable_data_ptr<uint8_t>();
-  auto pack = [&](const auto* in) {
-    at::parallel_for(0, bits.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        uint8_t byte = 0;
-        const int64_t first = i * 8;
-        const int64_t count = std::min<int64_t>(8, n - first);
-        for (int64_t j = 0; j < count; ++j) byte |= static_cast<uint8_t>(in[first + j] != 0) << j;
-        out[i] = byte;
-      }
-    });
-  };
-  if (noise.is_contiguous() && noise.scalar_type() == at::kFloat) {
-    pack(noise.const_data_ptr<float>());
-  } else {
-    const at::Tensor kept = noise.ne(0).contiguous();
-    pack(kept.const_data_ptr<bool>());
-  }
+  at::parallel_for(0, bits.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      uint8_t byte = 0;
+      const int64_t first = i * 8;
+      const int64_t count = std::min<int64_t>(8, n - first);
+      for (int64_t j = 0; j < count; ++j) byte |= static_cast<uint8_t>(in[first + j]) << j;
+      out[i] = byte;
+    }
+  });
   return bits;
 }
 
-// The noise again: 0/1 of `input`'s type, sizes and strides, from `pack_bits`'s bits
-// (the values `bernoulli_` wrote, so what follows computes what forward did). For a
-// contiguous float input the 0/1 floats are written in place; otherwise through a bool
-// tensor in logical order, copied into the input's layout.
+// The noise again: 0/1 of `input`'s type, sizes and strides, from `pack_bits`'s bits.
 at::Tensor unpack_bits(const at::Tensor& bits, const at::Tensor& input) {
   const int64_t n = input.numel();
-  const uint8_t* in = bits.const_data_ptr<uint8_t>();
-  at::Tensor noise = at::empty_like(input);
-  auto unpack = [&](auto* out, auto one) {
-    at::parallel_for(0, n, 1 << 18, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        out[i] = ((in[i >> 3] >> (i & 7)) & 1) ? one : decltype(one)(0);
-      }
-    });
-  };
-  if (noise.is_contiguous() && noise.scalar_type() == at::kFloat) {
-    unpack(noise.mutable_data_ptr<float>(), 1.0f);
-    return noise;
-  }
   at::Tensor kept = at::empty(input.sizes(), input.options().dtype(at::kBool));
-  unpack(kept.mutable_data_ptr<bool>(), true);
+  const uint8_t* in = bits.const_data_ptr<uint8_t>();
+  bool* out = kept.mutable_data_ptr<bool>();
+  at::parallel_for(0, n, 1 << 18, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = (in[i >> 3] >> (i & 7)) & 1;
+  });
+  at::Tensor noise = at::empty_like(input);
   noise.copy_(kept);
   return noise;
 }
