@@ -202,8 +202,16 @@ fn main() -> Result<()> {
     let auto_runs = !args.sweep && (args.budget.is_some() || args.segments == SegmentsArg::Auto);
     if (args.explain && lead) || auto_runs {
         let objective = args.budget.map_or(Objective::MinPeak, Objective::Budget);
-        let plans = auto_plans(&task.train, &model_cfg, &train_cfg, objective, &policies)?;
-        if args.explain && lead {
+        let explain = args.explain && lead;
+        let plans = auto_plans(
+            &task.train,
+            &model_cfg,
+            &train_cfg,
+            objective,
+            &policies,
+            explain,
+        )?;
+        if explain {
             for (what, plan) in plans {
                 println!("\n{what}:\n{}", plan.explain());
             }
@@ -439,8 +447,9 @@ fn compare_runs(runs: &[RunResult], steps: usize) -> Result<(Option<f64>, Option
 
 /// The plans of `objective` (the least peak, or `--budget`) for the first training
 /// batch, as the planner's runs make them and `--explain` prints them, each with its
-/// title: the planner choosing the policies, then each fixed policy of `policies` (one
-/// profile, the model's cache keeps it across `set_policy`).
+/// title: the planner choosing the policies (for `--policy auto`, or `chosen_too`), then
+/// each fixed policy of `policies` (one profile, the model's cache keeps it across
+/// `set_policy`).
 ///
 /// # Errors
 ///
@@ -451,6 +460,7 @@ fn auto_plans(
     cfg: &TrainConfig,
     objective: Objective,
     policies: &[Option<ckpt::Policy>],
+    chosen_too: bool,
 ) -> Result<Vec<(String, ckpt::plan::Plan)>> {
     tch::manual_seed(cfg.seed as i64);
     let vs = tch::nn::VarStore::new(cfg.device);
@@ -466,8 +476,19 @@ fn auto_plans(
         .and_then(|s| s.first())
         .context("no training batch")?;
     let (xs, _) = data.batch(rows, cfg.device);
-    let chosen = format!("{what}, policies chosen by the planner");
-    let mut plans = vec![(chosen.clone(), model.plan_for(&xs, true).context(chosen)?)];
+    let mut plans = Vec::new();
+    if chosen_too || policies.contains(&None) {
+        let chosen = format!("{what}, policies chosen by the planner");
+        let plan = model.plan_for(&xs, true).with_context(|| {
+            let asked = if policies.contains(&None) {
+                "--policy auto"
+            } else {
+                "--explain"
+            };
+            format!("{chosen} ({asked})")
+        })?;
+        plans.push((chosen, plan));
+    }
     for &policy in policies.iter().flatten() {
         model.set_policy(policy);
         let name = ckpt::plan::policy_name(policy);

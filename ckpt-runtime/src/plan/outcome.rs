@@ -203,12 +203,18 @@ impl Plan {
                     let (k, t) = self.segment_keep(j, p)?;
                     let saved = full.map_or(0.0, |f| f.1 - t);
                     let mark = if p == chosen { "*" } else { " " };
+                    // A replay the profile timed slower than the plain recompute is shown
+                    // as what it costs, not as a saving of nothing.
+                    let effect = if saved < 0.0 {
+                        format!("costs {} more", human_seconds(-saved))
+                    } else {
+                        format!("saves {}", human_seconds(saved))
+                    };
                     Some(format!(
-                        "{mark}{} keeps {}, recompute {} (saves {})",
+                        "{mark}{} keeps {}, recompute {} ({effect})",
                         policy_name(p),
                         human_bytes(k),
                         human_seconds(t),
-                        human_seconds(saved.max(0.0))
                     ))
                 })
                 .collect();
@@ -289,7 +295,9 @@ pub(crate) fn human_bytes(bytes: u64) -> String {
 }
 
 fn human_seconds(s: f64) -> String {
-    if s >= 1.0 {
+    if s == 0.0 {
+        "0 s".to_owned()
+    } else if s >= 1.0 {
         format!("{s:.3} s")
     } else if s >= 1e-3 {
         format!("{:.3} ms", s * 1e3)
