@@ -641,3 +641,21 @@ fn grad_off_for_a_parameter_only_in_the_recompute_is_refused() {
         }
     }
 }
+
+/// A percentage budget displays as written: `"56%"` is 0.56, and 0.56 * 100 is
+/// 56.00000000000001 in f64 (train_classifier printed "budget 56.00000000000001% of the
+/// plain run's peak").
+#[test]
+fn budget_percentages_display_as_written() {
+    for (s, want) in [
+        ("56%", "56% of the plain run's peak"),
+        ("0.56", "56% of the plain run's peak"),
+        ("29%", "29% of the plain run's peak"),
+        ("12.5%", "12.5% of the plain run's peak"),
+        ("0.333", "33.3% of the plain run's peak"),
+        ("100%", "100% of the plain run's peak"),
+    ] {
+        let b: ckpt::plan::Budget = s.parse().unwrap();
+        assert_eq!(b.to_string(), want, "{s}");
+    }
+}
