@@ -136,13 +136,14 @@ fn schedules() -> Vec<Schedule> {
 /// variables) with it: bit-equal outputs, gradients and batch-norm statistics.
 fn every_schedule_equals_plain<M: ModuleT>(
     name: &str,
+    schedules: &[Schedule],
     make: impl Fn(nn::Path) -> M,
     set: impl Fn(&mut M, Schedule) -> Result<(), CkptError>,
 ) {
     let x = Tensor::randn([5, D_IN], (Kind::Float, Device::Cpu));
     let (vs_plain, plain) = build(|p| Plain::new(p));
     let want = step(&vs_plain, &plain, &x);
-    for schedule in schedules() {
+    for schedule in schedules {
         let (vs, mut m) = build(&make);
         set(&mut m, schedule.clone()).unwrap();
         let got = step(&vs, &m, &x);
@@ -153,21 +154,38 @@ fn every_schedule_equals_plain<M: ModuleT>(
 #[test]
 fn keep_at_the_ends_adjacent_bn_dropout_repeated_every_schedule() {
     let _s = serial();
-    every_schedule_equals_plain("KeepMany", |p| KeepMany::new(p), |m, s| m.set_schedule(s));
-    every_schedule_equals_plain("KeepSome", |p| KeepSome::new(p), |m, s| m.set_schedule(s));
+    every_schedule_equals_plain(
+        "KeepMany",
+        &schedules(),
+        |p| KeepMany::new(p),
+        |m, s| m.set_schedule(s),
+    );
+    every_schedule_equals_plain(
+        "KeepSome",
+        &schedules(),
+        |p| KeepSome::new(p),
+        |m, s| m.set_schedule(s),
+    );
 }
 
 #[test]
 fn keep_with_selective_policy_every_schedule() {
     let _s = serial();
+    // Every segment count and every single cut (pairs take minutes unoptimized).
+    let few: Vec<Schedule> = schedules()
+        .into_iter()
+        .filter(|s| !matches!(s, Schedule::Cuts(c) if c.len() > 1))
+        .collect();
     every_schedule_equals_plain(
         "KeepSelective",
+        &few,
         |p| KeepSelective::new(p),
         |m, s| m.set_schedule(s),
     );
     // The policy changed at run time, back to full and to selective again.
     every_schedule_equals_plain(
         "KeepSelective/full",
+        &few,
         |p| KeepSelective::new(p),
         |m, s| {
             m.set_policy(ckpt::Policy::RECOMPUTE_ALL);
@@ -596,14 +614,11 @@ fn an_output_computed_under_no_grad_in_both_runs_is_a_clear_error() {
         |x: Tensor| tch::no_grad(|| x.cos()),
         |y: &Tensor, x: &Tensor| y.sum(Kind::Float) + x.sin().sum(Kind::Float),
     );
-    match got {
-        Err(e) => assert!(e.contains("grad"), "{e}"),
-        Ok(g) => {
-            // Accepted: then the gradient must be the plain one (cos x, nothing through
-            // the no-grad output).
-            assert!(g.equal(&xg().cos()), "{g}");
-        }
-    }
+    let e = got.unwrap_err();
+    assert!(
+        e.contains("output 0 receives a gradient, but its recompute does not require grad"),
+        "{e}"
+    );
 }
 
 /// The closure turns grad off only in its recompute, for the parameter's path, while the
