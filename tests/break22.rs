@@ -674,3 +674,22 @@ fn budget_percentages_display_as_written() {
         assert_eq!(b.to_string(), want, "{s}");
     }
 }
+
+/// A budget function first called without grad at a new shape (nothing planned, the
+/// body inline), then trained at that shape: output and gradients equal plain.
+#[test]
+fn a_budget_function_called_without_grad_first() {
+    let _s = serial();
+    let (vs, net) = net();
+    let x = Tensor::randn([7, 32], (Kind::Float, Device::Cpu));
+    tch::manual_seed(2);
+    let want = tch::no_grad(|| net.lins_plain(&x, true));
+    tch::manual_seed(2);
+    let got = tch::no_grad(|| net.lins_budget(&x, true));
+    assert!(got.equal(&want));
+    let want = fn_step(&vs, &x, &|x| net.lins_plain(x, true));
+    for _ in 0..2 {
+        let got = fn_step(&vs, &x, &|x| net.lins_budget(x, true));
+        assert_all_equal("after a no-grad call", &got, &want);
+    }
+}
