@@ -128,22 +128,9 @@ fn quick_listops_run_saves_memory_with_identical_numbers() {
 fn sweep_writes_a_csv_and_a_png() {
     let tmp = tempfile::tempdir().unwrap();
     let out_dir = tmp.path().join("sweep");
-    let args = [
-        "--sweep",
-        "--quick",
-        "--layers",
-        "3",
-        "--seq-len",
-        "64",
-        "--batch-size",
-        "4",
-        "--train-size",
-        "8",
-        "--test-size",
-        "4",
-        "--out-dir",
-        out_dir.to_str().unwrap(),
-    ];
+    let mut args = vec!["--sweep", "--quick", "--layers", "3", "--seq-len", "64"];
+    args.extend(TINY_DATA);
+    args.extend(["--out-dir", out_dir.to_str().unwrap()]);
     let json = tmp.path().join("sweep.json");
     let (doc, _) = run_ok(&args, &json);
     let runs = doc["runs"].as_array().unwrap();
@@ -409,21 +396,9 @@ fn bad_data_folders_are_reported_with_their_path() {
 fn nproc_2_trains_data_parallel_and_matches_one_process() {
     let tmp = tempfile::tempdir().unwrap();
     let json = tmp.path().join("ddp.json");
-    let args = [
-        "--nproc",
-        "2",
-        "--threads",
-        "1",
-        "--layers",
-        "2",
-        "--d-model",
-        "32",
-        "--heads",
-        "2",
-        "--ff",
-        "64",
-        "--seq-len",
-        "32",
+    let mut args = vec!["--nproc", "2", "--threads", "1"];
+    args.extend(TINY_MODEL);
+    args.extend([
         "--batch-size",
         "8",
         "--train-size",
@@ -433,7 +408,7 @@ fn nproc_2_trains_data_parallel_and_matches_one_process() {
         "--device",
         "cpu",
         "--json",
-    ];
+    ]);
     let mut child = Command::new(binary())
         .args(args)
         .arg(&json)
@@ -510,4 +485,76 @@ fn nproc_that_does_not_divide_the_batch_is_an_error() {
         "stderr:\n{stderr}"
     );
     assert!(out.stdout.is_empty(), "no worker ran");
+}
+
+/// A tiny encoder: 2 layers, d_model 32, 2 heads, ff 64, seq 32.
+const TINY_MODEL: [&str; 10] = [
+    "--layers",
+    "2",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--ff",
+    "64",
+    "--seq-len",
+    "32",
+];
+
+/// A global batch of 4 rows, 8 training (2 steps) and 4 test examples.
+const TINY_DATA: [&str; 6] = ["--batch-size", "4", "--train-size", "8", "--test-size", "4"];
+
+/// The tiny model of the budget-shape tests, a global batch of 4 rows, 2 steps.
+fn tiny() -> Vec<&'static str> {
+    let mut args = vec!["--quick"];
+    args.extend(TINY_MODEL);
+    args.extend(TINY_DATA);
+    args.extend(["--threads", "1"]);
+    args
+}
+
+/// `--mode plain` makes no planner's run: a budget no plan fits (1 %) is not its error.
+#[test]
+fn a_plain_only_run_does_not_plan_its_unused_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = tiny();
+    args.extend(["--mode", "plain", "--budget", "1%"]);
+    let (doc, _) = run_ok(&args, &tmp.path().join("plain.json"));
+    let runs = doc["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0]["name"], "plain");
+}
+
+/// A data-parallel budget run plans on its rank's share of the global batch, the shape
+/// it trains on (here 2 rows of the 4). Measured on this model: the least feasible peak
+/// is 444.88 KiB (55.3 % of plain) for 4 rows, 227.38 KiB (56.5 %) for 2 rows. So
+/// `300 KiB` fits each rank (it was refused, planned for 4 rows), and `56%` fits 4
+/// rows but no rank (it passed the check and then panicked in the first step).
+#[test]
+fn nproc_2_plans_the_budget_on_each_ranks_share() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ddp_budget = |budget| {
+        let mut args = tiny();
+        args.extend(["--nproc", "2", "--mode", "checkpointed", "--budget", budget]);
+        args
+    };
+    let (doc, _) = run_ok(&ddp_budget("300 KiB"), &tmp.path().join("ddp_budget.json"));
+    let runs = doc["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0]["name"], "budget");
+    let mut args = ddp_budget("56%");
+    args.extend(["--device", "cpu"]);
+    let out = run(&args);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Both ranks write their error at once, so the two may interleave: each part alone.
+    assert!(
+        stderr.contains("budget 56% of the plain run's peak, --policy full")
+            && stderr.contains(
+                "memory budget of 225.40 KiB (230809 B) is too small: the smallest feasible \
+                 peak of this chain is 227.38 KiB (232832 B)"
+            ),
+        "stderr:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "stderr:\n{stderr}");
 }

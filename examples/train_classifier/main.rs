@@ -199,7 +199,11 @@ fn main() -> Result<()> {
     let policies: Vec<Option<ckpt::Policy>> = args.policy.iter().map(|p| p.policy()).collect();
     // The planner's runs plan before training, so that a fixed policy no plan of the
     // budget fits is an error here, not a panic in the first step.
-    let auto_runs = !args.sweep && (args.budget.is_some() || args.segments == SegmentsArg::Auto);
+    // A plain-only run makes no planner's run: a budget it never uses is no error.
+    let auto_runs = !args.sweep
+        && args.mode != Mode::Plain
+        && (args.budget.is_some() || args.segments == SegmentsArg::Auto);
+    let sharding = pg.as_ref().map_or(Sharding::Single, Sharding::Ddp);
     if (args.explain && lead) || auto_runs {
         let objective = args.budget.map_or(Objective::MinPeak, Objective::Budget);
         let explain = args.explain && lead;
@@ -207,6 +211,7 @@ fn main() -> Result<()> {
             &task.train,
             &model_cfg,
             &train_cfg,
+            sharding,
             objective,
             &policies,
             explain,
@@ -234,7 +239,6 @@ fn main() -> Result<()> {
     } else {
         MultiProgress::with_draw_target(ProgressDrawTarget::hidden())
     };
-    let sharding = pg.as_ref().map_or(Sharding::Single, Sharding::Ddp);
     let mut runs = train::train(
         &plan, &task, &model_cfg, &train_cfg, schedule, &bars, sharding,
     )?;
@@ -446,10 +450,11 @@ fn compare_runs(runs: &[RunResult], steps: usize) -> Result<(Option<f64>, Option
 }
 
 /// The plans of `objective` (the least peak, or `--budget`) for the first training
-/// batch, as the planner's runs make them and `--explain` prints them, each with its
-/// title: the planner choosing the policies (for `--policy auto`, or `chosen_too`), then
-/// each fixed policy of `policies` (one profile, the model's cache keeps it across
-/// `set_policy`).
+/// batch of this process (in a data-parallel run its rank's share of the global batch,
+/// the shape it trains on), as the planner's runs make them and `--explain` prints
+/// them, each with its title: the planner choosing the policies (for `--policy auto`,
+/// or `chosen_too`), then each fixed policy of `policies` (one profile, the model's
+/// cache keeps it across `set_policy`).
 ///
 /// # Errors
 ///
@@ -458,6 +463,7 @@ fn auto_plans(
     data: &data::Dataset,
     model_cfg: &ModelConfig,
     cfg: &TrainConfig,
+    sharding: Sharding,
     objective: Objective,
     policies: &[Option<ckpt::Policy>],
     chosen_too: bool,
@@ -470,7 +476,7 @@ fn auto_plans(
         Objective::MinPeak => "segments = auto".to_owned(),
         Objective::Budget(b) => format!("budget {b}"),
     };
-    let steps = shard::epoch_steps(data, cfg, Sharding::Single, 0)?;
+    let steps = shard::epoch_steps(data, cfg, sharding, 0)?;
     let (_, rows) = steps
         .first()
         .and_then(|s| s.first())

@@ -61,7 +61,12 @@ impl fmt::Display for Budget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Budget::Bytes(b) => write!(f, "{} ({b} B)", super::human_bytes(b)),
-            Budget::FractionOfPlain(x) => write!(f, "{}% of the plain run's peak", x * 100.0),
+            // Rounded to 1e-9 %: `"56%"` is 0.56, and 0.56 * 100 is 56.00000000000001.
+            Budget::FractionOfPlain(x) => write!(
+                f,
+                "{}% of the plain run's peak",
+                (x * 100.0 * 1e9).round() / 1e9
+            ),
         }
     }
 }
