@@ -12,9 +12,7 @@ use super::env::{Env, Slot, Slots, StageFn};
 use super::names::chain_segment_name;
 use super::segment::segment;
 use crate::checkpoint::{CheckpointOptions, run_plain};
-use crate::plan::{
-    ChainCost, StageCost, measure_policies, measure_stage, nbytes, probe_checkpoint_bytes,
-};
+use crate::plan::{ChainCost, measure_policies, measure_stage, nbytes, probe_checkpoint_bytes};
 use crate::{CkptError, memory};
 
 /// Runs the units of `chain` on `env` (`counts`: the number of iterations of each, 1 for a
@@ -248,7 +246,7 @@ pub(super) fn profile_env(
         )?;
         // What the stage keeps and costs to recompute under the masks and selective
         // policies, as `plan::profile_sequential` measures a model's stage.
-        let (masks, selective) = measure_policies(device, |leaf| {
+        let policies = measure_policies(device, |leaf| {
             let mut e = local(leaf);
             run_plain(
                 || format!("{} profiling, stage {i} (policies)", chain.name),
@@ -256,15 +254,7 @@ pub(super) fn profile_env(
             )
             .map(|()| e)
         });
-        out.push(StageCost {
-            input_bytes,
-            kept_bytes: fig.kept_bytes,
-            forward_extra_bytes: fig.forward_extra_bytes,
-            backward_extra_bytes: fig.backward_extra_bytes,
-            forward_seconds: fig.forward_seconds,
-            masks,
-            selective,
-        });
+        out.push(fig.cost(input_bytes, policies));
         for &s in defs {
             if let Some(slot) = &done.slots[s] {
                 cur.slots[s] = Some(slot.detached(false));

@@ -165,6 +165,26 @@ pub(crate) struct StageFigures {
     pub forward_seconds: f64,
 }
 
+impl StageFigures {
+    /// The stage's [`StageCost`]: these figures, its input bytes, and what the masks and
+    /// selective policies keep and cost ([`measure_policies`]).
+    pub(crate) fn cost(
+        self,
+        input_bytes: u64,
+        (masks, selective): (Option<KeepCost>, Option<KeepCost>),
+    ) -> StageCost {
+        StageCost {
+            input_bytes,
+            kept_bytes: self.kept_bytes,
+            forward_extra_bytes: self.forward_extra_bytes,
+            backward_extra_bytes: self.backward_extra_bytes,
+            forward_seconds: self.forward_seconds,
+            masks,
+            selective,
+        }
+    }
+}
+
 /// The measuring core of every profiler: `run(true)`, a warm-up under `no_grad` whose
 /// result is dropped, then `run(false)` with grad inside [`memory::measure`], then a
 /// backward from the differentiable tensors that `roots` picks out of its result
@@ -256,7 +276,7 @@ where
             std::slice::from_ref(&xd),
         )?;
         let y = y?;
-        let (masks, selective) = measure_policies(device, |leaf| {
+        let policies = measure_policies(device, |leaf| {
             let segment = || format!("ckpt::plan profiling, stage {i} (policies)");
             let xs = if leaf {
                 detached_leaf(&x)
@@ -265,15 +285,7 @@ where
             };
             checkpoint::run_plain(segment, || step(i, &xs))
         });
-        stages.push(StageCost {
-            input_bytes: nbytes(&x),
-            kept_bytes: fig.kept_bytes,
-            forward_extra_bytes: fig.forward_extra_bytes,
-            backward_extra_bytes: fig.backward_extra_bytes,
-            forward_seconds: fig.forward_seconds,
-            masks,
-            selective,
-        });
+        stages.push(fig.cost(nbytes(&x), policies));
         x = y.detach();
     }
     Ok(ChainCost {
