@@ -47,6 +47,15 @@ impl PolicyArg {
     }
 }
 
+/// How the checkpointed runs are cut ([`Args::cuts`], from `--segments` and `--budget`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Cuts {
+    /// `--segments N`.
+    Count(usize),
+    /// The planner's cuts for this objective.
+    Planner(ckpt::plan::Objective),
+}
+
 /// `--device`: `cpu`, `cuda`, `cuda:N` or `auto` (CUDA device 0 when available).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DeviceArg {
@@ -299,6 +308,17 @@ impl Args {
         }
     }
 
+    /// How the checkpointed runs are cut: the planner, for the least recompute time
+    /// within `--budget` or the least peak (`--segments auto`), or a count of segments.
+    pub(crate) fn cuts(&self) -> Cuts {
+        use ckpt::plan::Objective;
+        match (self.budget, self.segments) {
+            (Some(budget), _) => Cuts::Planner(Objective::Budget(budget)),
+            (None, SegmentsArg::Auto) => Cuts::Planner(Objective::MinPeak),
+            (None, SegmentsArg::Count(n)) => Cuts::Count(n),
+        }
+    }
+
     pub(crate) fn check(&self, s: &Sizes) -> Result<()> {
         ensure!(self.layers >= 1, "--layers must be at least 1");
         ensure!(
@@ -306,9 +326,7 @@ impl Args {
             "--segments must be at least 1 (1 checkpoints nothing), or auto"
         );
         ensure!(
-            !self.policy.contains(&PolicyArg::Auto)
-                || self.budget.is_some()
-                || self.segments == SegmentsArg::Auto,
+            !self.policy.contains(&PolicyArg::Auto) || matches!(self.cuts(), Cuts::Planner(_)),
             "--policy auto lets the planner choose, so it needs --segments auto or --budget"
         );
 

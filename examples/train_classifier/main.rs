@@ -39,7 +39,7 @@ use clap::Parser;
 use indicatif::{MultiProgress, ProgressDrawTarget};
 use tch::Device;
 
-use crate::cli::{Args, DeviceArg, Mode, SegmentsArg, Sizes, device_name};
+use crate::cli::{Args, Cuts, DeviceArg, Mode, Sizes, device_name};
 use crate::report::{ConfigJson, Report, RunJson};
 use crate::shard::Sharding;
 use crate::train::{RunResult, RunSpec, Schedule, TrainConfig};
@@ -200,12 +200,14 @@ fn main() -> Result<()> {
     // The planner's runs plan before training, so that a fixed policy no plan of the
     // budget fits is an error here, not a panic in the first step.
     // A plain-only run makes no planner's run: a budget it never uses is no error.
-    let auto_runs = !args.sweep
-        && args.mode != Mode::Plain
-        && (args.budget.is_some() || args.segments == SegmentsArg::Auto);
+    let auto_runs =
+        !args.sweep && args.mode != Mode::Plain && matches!(args.cuts(), Cuts::Planner(_));
     let sharding = pg.as_ref().map_or(Sharding::Single, Sharding::Ddp);
     if (args.explain && lead) || auto_runs {
-        let objective = args.budget.map_or(Objective::MinPeak, Objective::Budget);
+        let objective = match args.cuts() {
+            Cuts::Planner(objective) => objective,
+            Cuts::Count(_) => Objective::MinPeak,
+        };
         let explain = args.explain && lead;
         let plans = auto_plans(
             &task.train,
@@ -401,20 +403,18 @@ fn run_specs(args: &Args, policies: &[Option<ckpt::Policy>]) -> Vec<RunSpec> {
             Strategy::Plain,
             Some(ckpt::Policy::RECOMPUTE_ALL),
         );
-        let (name, strategy) = match (args.budget, args.segments) {
-            // The planner's cuts within the budget (the segments column shows `-`).
-            (Some(budget), _) => (
-                "budget".to_owned(),
-                Strategy::Auto(Objective::Budget(budget)),
-            ),
+        let (name, strategy) = match args.cuts() {
+            // The planner's cuts (the segments column shows `-`).
+            Cuts::Planner(objective @ Objective::Budget(_)) => {
+                ("budget".to_owned(), Strategy::Auto(objective))
+            }
+            Cuts::Planner(objective) => ("auto".to_owned(), Strategy::Auto(objective)),
             // More segments than blocks means one block a segment (as
             // `ckpt::sequential_segments` clamps); the table shows the count used.
-            (None, SegmentsArg::Count(n)) => (
+            Cuts::Count(n) => (
                 "checkpointed".to_owned(),
                 Strategy::Checkpointed(n.min(args.layers)),
             ),
-            // The planner's cuts for the least peak (the segments column shows `-`).
-            (None, SegmentsArg::Auto) => ("auto".to_owned(), Strategy::Auto(Objective::MinPeak)),
         };
         let ckpt = policies.iter().map(|&p| (name.clone(), strategy, p));
         match args.mode {
