@@ -780,16 +780,7 @@ fn checkpointing_lowers_the_peak_memory_of_a_training_step() {
     assert!(ratio < 0.5, "ratio {ratio}");
 
     // The encoder: plain vs the example's 3 segments.
-    let cfg = Config {
-        vocab: 100,
-        classes: 4,
-        seq_len: 64,
-        layers: 6,
-        heads: 4,
-        d_model: 64,
-        ff: 256,
-        dropout: 0.1,
-    };
+    let cfg = encoder::SMALL;
     let ids = Tensor::randint_low(1, cfg.vocab, [16, cfg.seq_len], (Kind::Int64, Device::Cpu));
     tch::manual_seed(6);
     let vs_plain = nn::VarStore::new(Device::Cpu);

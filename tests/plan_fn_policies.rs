@@ -13,7 +13,7 @@ use ckpt::{Policy, ShallowClone, checkpointed};
 use tch::nn;
 use tch::{Device, Kind, Tensor};
 
-use ckpt_models::encoder::{Block, Config};
+use ckpt_models::encoder::{self, Block, Config};
 
 /// The memory meter and the global RNG are process-wide: the tests take turns.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -22,16 +22,7 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-const CONFIG: Config = Config {
-    vocab: 100,
-    classes: 4,
-    seq_len: 64,
-    layers: 6,
-    heads: 4,
-    d_model: 64,
-    ff: 256,
-    dropout: 0.1,
-};
+const CONFIG: Config = encoder::SMALL;
 const BATCH: i64 = 16;
 
 #[derive(Debug, ShallowClone)]

@@ -318,16 +318,7 @@ fn profiling_inside_measure_keeps_the_enclosing_peak() {
 fn auto_is_at_least_as_good_as_every_segment_count_on_the_encoder() {
     let _serial = serial();
     tch::manual_seed(5);
-    let c = encoder::Config {
-        vocab: 100,
-        classes: 4,
-        seq_len: 64,
-        layers: 6,
-        heads: 4,
-        d_model: 64,
-        ff: 256,
-        dropout: 0.1,
-    };
+    let c = encoder::SMALL;
     let vs = nn::VarStore::new(Device::Cpu);
     let mut model = encoder::Encoder::new(vs.root(), &c);
     let ids = Tensor::randint_low(1, c.vocab, [16, c.seq_len], (Kind::Int64, Device::Cpu));

@@ -38,6 +38,20 @@ pub struct Config {
     pub dropout: f64,
 }
 
+/// The encoder at test size (vocabulary 100, 4 classes, seq 64, 6 blocks, 4 heads,
+/// d_model 64, feed-forward 256, dropout 0.1): the model of the planner's and the
+/// macros' integration tests, small enough for a debug build.
+pub const SMALL: Config = Config {
+    vocab: 100,
+    classes: 4,
+    seq_len: 64,
+    layers: 6,
+    heads: 4,
+    d_model: 64,
+    ff: 256,
+    dropout: 0.1,
+};
+
 /// A pre-LN encoder block: `x + attention(ln[0](x))`, then `x + ff(ln[1](x))`.
 #[derive(Debug, ckpt::ShallowClone)]
 pub struct Block {
