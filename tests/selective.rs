@@ -288,6 +288,42 @@ fn kept_mask_bits_of_any_size_and_layout_match_plain() {
     assert!((1..=8192).contains(&states), "generator state {states} B");
 }
 
+/// The fast paths of the mask kernels (contiguous float32 read and written 8 elements a
+/// step, contiguous float64 written from a table) against the plain noise: sizes with
+/// and without a partial last byte, several drop probabilities, bit-equal outputs and
+/// gradients.
+#[test]
+fn contiguous_float_masks_of_many_sizes_match_plain() {
+    let _rng = rng();
+    tch::manual_seed(11);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let w = vs.root().randn("w", &[4099], 0.0, 1.0);
+    let f = |w: &Tensor, x: &Tensor| {
+        let mut total = Tensor::zeros([], (Kind::Float, Device::Cpu));
+        for (n, p) in [(8, 0.5), (9, 0.1), (1001, 0.1), (4096, 0.9), (4099, 0.3)] {
+            let h = (x.narrow(0, 0, n) * w.narrow(0, 0, n)).dropout(p, true);
+            total = total + (&h * &h).sum(Kind::Float);
+        }
+        let d = (x.narrow(0, 0, 77) * w.narrow(0, 0, 77))
+            .to_kind(Kind::Double)
+            .dropout(0.2, true);
+        total + (&d * &d).sum(Kind::Double).to_kind(Kind::Float)
+    };
+    let x = Tensor::randn([4099], (Kind::Float, Device::Cpu));
+    let plain = step(&vs, &x, &|x| f(&w, x));
+    for policy in [
+        Policy::RECOMPUTE_ALL.save_dropout_masks(true),
+        Policy::selective(),
+    ] {
+        let opts = CheckpointOptions::new().policy(policy);
+        let masked = step(&vs, &x, &|x| {
+            let w = w.shallow_clone();
+            ckpt::checkpoint_with(&opts, move |x: Tensor| f(&w, &x), x.shallow_clone())
+        });
+        assert_all_equal("contiguous masks", &masked, &plain);
+    }
+}
+
 /// The recompute really uses what forward kept: under the selective policy a linear
 /// layer's output in the recompute is the very storage forward produced; under the full
 /// recompute it is a new one.

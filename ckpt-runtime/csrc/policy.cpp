@@ -45,10 +45,17 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace ckpt_policy {
@@ -210,35 +217,88 @@ at::Tensor linear_kernel(const at::Tensor& input, const at::Tensor& weight,
 // fused native_dropout, which this file leaves alone)
 
 // The noise's 0/1 pattern as bits, 8 elements a byte, least significant bit first.
+// A contiguous float32 noise (that of a contiguous float input, the common case) is read
+// in place, 8 elements a step with SSE2 compares where the target has them; any other
+// noise is first laid out in logical order as bools.
 at::Tensor pack_bits(const at::Tensor& noise) {
-  const at::Tensor kept = noise.ne(0).contiguous();
-  const int64_t n = kept.numel();
-  at::Tensor bits = at::empty({(n + 7) / 8}, kept.options().dtype(at::kByte));
-  const bool* in = kept.const_data_ptr<bool>();
+  const int64_t n = noise.numel();
+  at::Tensor bits = at::empty({(n + 7) / 8}, noise.options().dtype(at::kByte));
   uint8_t* out = bits.mutable_data_ptr<uint8_t>();
+  // Byte i from the up-to-8 elements at in + 8 i, one scalar test each.
+  auto scalar_byte = [n](const auto* in, int64_t i) {
+    uint8_t byte = 0;
+    const int64_t first = i * 8;
+    const int64_t count = std::min<int64_t>(8, n - first);
+    for (int64_t j = 0; j < count; ++j) byte |= static_cast<uint8_t>(in[first + j] != 0) << j;
+    return byte;
+  };
+  if (noise.is_contiguous() && noise.scalar_type() == at::kFloat) {
+    const float* in = noise.const_data_ptr<float>();
+    const int64_t full = n / 8;
+    at::parallel_for(0, bits.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+#if defined(__SSE2__)
+        if (i < full) {
+          const __m128 zero = _mm_setzero_ps();
+          const int lo = _mm_movemask_ps(_mm_cmpneq_ps(_mm_loadu_ps(in + 8 * i), zero));
+          const int hi = _mm_movemask_ps(_mm_cmpneq_ps(_mm_loadu_ps(in + 8 * i + 4), zero));
+          out[i] = static_cast<uint8_t>(lo | (hi << 4));
+          continue;
+        }
+#endif
+        out[i] = scalar_byte(in, i);
+      }
+    });
+    return bits;
+  }
+  const at::Tensor kept = noise.ne(0).contiguous();
+  const bool* in = kept.const_data_ptr<bool>();
   at::parallel_for(0, bits.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      uint8_t byte = 0;
-      const int64_t first = i * 8;
-      const int64_t count = std::min<int64_t>(8, n - first);
-      for (int64_t j = 0; j < count; ++j) byte |= static_cast<uint8_t>(in[first + j]) << j;
-      out[i] = byte;
-    }
+    for (int64_t i = begin; i < end; ++i) out[i] = scalar_byte(in, i);
   });
   return bits;
 }
 
-// The noise again: 0/1 of `input`'s type, sizes and strides, from `pack_bits`'s bits.
-at::Tensor unpack_bits(const at::Tensor& bits, const at::Tensor& input) {
+// The scaled noise `bernoulli_(1 - p)` then `div_(1 - p)` left in forward: 0 or
+// `1 / (1 - p)` as `input`'s type computes it, with `input`'s sizes and strides, from
+// `pack_bits`'s bits. A contiguous float32 or float64 input gets it in one pass, a
+// table of the 256 patterns of 8 elements copied a byte at a time; any other through a
+// bool tensor in logical order, copied into the input's layout and divided, as forward
+// did. The values are those forward's noise held, so `input * noise` is bit-equal.
+at::Tensor unpack_scaled_noise(const at::Tensor& bits, const at::Tensor& input, double p) {
   const int64_t n = input.numel();
-  at::Tensor kept = at::empty(input.sizes(), input.options().dtype(at::kBool));
   const uint8_t* in = bits.const_data_ptr<uint8_t>();
+  at::Tensor noise = at::empty_like(input);
+  auto fill = [&](auto* out) {
+    using T = std::remove_pointer_t<decltype(out)>;
+    // 1 / (1 - p) computed by the very kernel forward's `div_` ran.
+    const T one = at::ones({1}, input.options()).div_(1 - p).item<T>();
+    std::vector<std::array<T, 8>> table(256);
+    for (int b = 0; b < 256; ++b) {
+      for (int j = 0; j < 8; ++j) table[b][j] = ((b >> j) & 1) ? one : T(0);
+    }
+    at::parallel_for(0, bits.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t count = std::min<int64_t>(8, n - i * 8);
+        std::memcpy(out + i * 8, table[in[i]].data(), sizeof(T) * count);
+      }
+    });
+  };
+  if (noise.is_contiguous() && noise.scalar_type() == at::kFloat) {
+    fill(noise.mutable_data_ptr<float>());
+    return noise;
+  }
+  if (noise.is_contiguous() && noise.scalar_type() == at::kDouble) {
+    fill(noise.mutable_data_ptr<double>());
+    return noise;
+  }
+  at::Tensor kept = at::empty(input.sizes(), input.options().dtype(at::kBool));
   bool* out = kept.mutable_data_ptr<bool>();
   at::parallel_for(0, n, 1 << 18, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) out[i] = (in[i >> 3] >> (i & 7)) & 1;
   });
-  at::Tensor noise = at::empty_like(input);
   noise.copy_(kept);
+  noise.div_(1 - p);
   return noise;
 }
 
@@ -266,8 +326,7 @@ at::Tensor dropout_kernel(const at::Tensor& input, double p, bool train) {
              sizes_str(input.sizes()) + " where forward called dropout(p = " +
              std::to_string(e.p) + ") on sizes " + sizes_str(e.sizes));
   }
-  at::Tensor noise = unpack_bits(e.bits, input);
-  noise.div_(1 - p);
+  at::Tensor noise = unpack_scaled_noise(e.bits, input, p);
   set_cpu_generator_state(e.state_after);
   return input * noise;
 }
