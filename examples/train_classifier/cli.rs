@@ -28,7 +28,7 @@ pub(crate) enum PolicyArg {
     /// norms and activations (`ckpt::Policy::selective`).
     Selective,
     /// Keep the dropout masks (1 bit an element) instead of drawing them again;
-    /// recompute the rest.
+    /// recompute the rest (`ckpt::Policy::masks`).
     Masks,
     /// The planner chooses each checkpointed segment's policy among the three (with
     /// `--segments auto` or `--budget` only).
@@ -41,7 +41,7 @@ impl PolicyArg {
         match self {
             PolicyArg::Full => Some(ckpt::Policy::RECOMPUTE_ALL),
             PolicyArg::Selective => Some(ckpt::Policy::selective()),
-            PolicyArg::Masks => Some(ckpt::Policy::RECOMPUTE_ALL.save_dropout_masks(true)),
+            PolicyArg::Masks => Some(ckpt::Policy::masks()),
             PolicyArg::Auto => None,
         }
     }

@@ -23,7 +23,7 @@ pub struct StageCost {
     /// Seconds of the forward with grad, which is what a full recompute costs.
     pub forward_seconds: f64,
     /// What the stage keeps and costs to recompute in a segment checkpointed with
-    /// [`Policy::selective`]`().save_linear(false)` (dropout masks kept); `None` when not
+    /// [`Policy::masks`] (dropout masks kept); `None` when not
     /// profiled, which the planner takes as "keeps nothing, saves nothing".
     pub masks: Option<KeepCost>,
     /// The same for [`Policy::selective`] (linear outputs and dropout masks kept).
@@ -76,8 +76,8 @@ impl StageCost {
     }
 }
 
-/// The masks-only policy: dropout masks kept, linear outputs recomputed.
-pub(crate) const MASKS: Policy = Policy::selective().save_linear(false);
+/// The masks-only policy ([`Policy::masks`]): dropout masks kept, linear outputs recomputed.
+pub(crate) const MASKS: Policy = Policy::masks();
 
 /// The policies the planner chooses from for each checkpointed segment, in order of
 /// preference on ties: full recompute, dropout masks kept, selective.
