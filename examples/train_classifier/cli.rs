@@ -170,8 +170,9 @@ pub(crate) struct Args {
     /// Print the plan `--segments auto` (or `--budget`) makes for the first training
     /// batch, before training: first with each checkpointed segment's policy chosen by the planner,
     /// then for each --policy (a fixed policy, as the auto run uses it); per segment
-    /// the policy and what each policy would keep and save, per stage what is kept and
-    /// recomputed, bytes and seconds (`ckpt::plan::Plan::explain`).
+    /// the policy, what each policy would keep and save and (planner's choice) why the
+    /// others lost, per stage what is kept and recomputed, bytes and seconds
+    /// (`ckpt::plan::Plan::explain`).
     #[arg(long)]
     pub(crate) explain: bool,
     /// Train the runs one after the other instead of taking turns step by step

@@ -224,6 +224,7 @@ impl ChainCost {
     /// As [`ChainCost::plan`]; [`CkptError::InvalidArgument`] when `policies` is empty
     /// or holds a policy that is not one of [`PLANNED_POLICIES`].
     pub fn plan_with(&self, objective: &Objective, policies: &[Policy]) -> Result<Plan, CkptError> {
+        let allowed = policies;
         self.check()?;
         if policies.is_empty() || policies.iter().any(|p| !PLANNED_POLICIES.contains(p)) {
             return Err(CkptError::InvalidArgument(format!(
@@ -243,7 +244,9 @@ impl ChainCost {
         } else {
             dp::plan_with_policies(self, budget, policies)?
         };
-        Ok(self.make_plan(cuts, policies, budget))
+        let mut plan = self.make_plan(cuts, policies, budget);
+        plan.allowed = allowed.to_vec();
+        Ok(plan)
     }
 
     /// [`ChainCost::plan`] for [`Objective::MinPeak`].
@@ -326,6 +329,8 @@ impl ChainCost {
             measured_peak_bytes: None,
             stage_costs: self.stages.clone(),
             stage_names: Vec::new(),
+            allowed: Vec::new(),
+            chain_bytes: (self.output_bytes, self.checkpoint_bytes),
         }
     }
 }
