@@ -4,13 +4,15 @@
 //! shapes, dropout 0.1). The profile measures what the masks and selective policies keep
 //! in each block (exact bytes); each segment runs with its planned policy, the measured
 //! peak (exact CPU byte counter) is within 10 % of the prediction and gradients are
-//! bit-equal to the plain function's; a declared `policy = ..` is never overridden.
+//! bit-equal to the plain function's; a declared `policy = ..` is never overridden, on a
+//! function as on a `model!` of the same blocks.
 
+use std::ops::Range;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use ckpt::plan::{PLANNED_POLICIES, Plan};
 use ckpt::{Policy, ShallowClone, checkpointed};
-use tch::nn;
+use tch::nn::{self, ModuleT};
 use tch::{Device, Kind, Tensor};
 
 use ckpt_models::encoder::{self, Block, Config};
@@ -57,6 +59,8 @@ impl Net {
         fn budget60_selective;
         #[checkpointed(budget = "60%", policy = full)]
         fn budget60_full;
+        #[checkpointed(budget = "60%", policy = masks)]
+        fn budget60_masks;
     }
 }
 
@@ -92,25 +96,29 @@ fn setup() -> Setup {
 type Forward = fn(&Net, &Tensor, &Tensor) -> Tensor;
 
 impl Setup {
-    /// One training step of `f` from a fixed seed: its peak above the baseline, and the
-    /// parameters' gradients (zeroed before).
+    /// One training step of `f` from a fixed seed ([`measured_step`]).
     fn step(&self, f: Forward) -> (u64, Vec<Tensor>) {
-        let mut vars = self.vs.trainable_variables();
-        for v in &mut vars {
-            v.zero_grad();
-        }
-        tch::manual_seed(11);
-        let ((), report) = ckpt::memory::measure(Device::Cpu, || {
-            // `let`: the product is a temporary, freed before backward.
-            let loss = (f(&self.net, &self.xs, &self.pad) * &self.w).sum(Kind::Float);
-            loss.backward();
-        });
-        let grads = vars.iter().map(|v| v.grad().copy()).collect();
-        (
-            u64::try_from(report.peak_above_baseline_bytes).unwrap(),
-            grads,
-        )
+        // The product is a temporary, freed before backward.
+        measured_step(&self.vs, || {
+            (f(&self.net, &self.xs, &self.pad) * &self.w).sum(Kind::Float)
+        })
     }
+}
+
+/// One training step from a fixed seed (`loss()`, then backward): its peak above the
+/// baseline, and the gradients of the trainable variables of `vs` (zeroed before).
+fn measured_step(vs: &nn::VarStore, loss: impl FnOnce() -> Tensor) -> (u64, Vec<Tensor>) {
+    let mut vars = vs.trainable_variables();
+    for v in &mut vars {
+        v.zero_grad();
+    }
+    tch::manual_seed(11);
+    let ((), report) = ckpt::memory::measure(Device::Cpu, || loss().backward());
+    let grads = vars.iter().map(|v| v.grad().copy()).collect();
+    (
+        u64::try_from(report.peak_above_baseline_bytes).unwrap(),
+        grads,
+    )
 }
 
 /// The plan `function_plans` lists for the function whose name starts with `name`.
@@ -139,13 +147,18 @@ fn check(s: &Setup, name: &str, f: Forward, plain_grads: &[Tensor]) -> Plan {
     let (measured, grads) = s.step(f);
     assert_bit_equal(&grads, plain_grads, name);
     let mut plan = plan_of(name);
+    assert_predicts(name, &mut plan, measured);
+    assert_eq!(plan.policies().len(), plan.cuts().len(), "{name}");
+    plan
+}
+
+/// Attaches the measured peak to `plan` and checks it is within 10 % of the prediction.
+fn assert_predicts(name: &str, plan: &mut Plan, measured: u64) {
     plan.set_measured_peak_bytes(measured);
     let predicted = plan.predicted_peak_bytes() as f64;
     let error = (measured as f64 - predicted).abs() / predicted;
     println!("{name}: error {:.2} %\n{}", 100.0 * error, plan.explain());
     assert!(error <= 0.10, "{name}: {plan}");
-    assert_eq!(plan.policies().len(), plan.cuts().len(), "{name}");
-    plan
 }
 
 #[test]
@@ -165,6 +178,20 @@ fn budget_functions_choose_a_policy_per_segment_and_predict_the_measured_peak() 
             plan.policies().iter().all(|p| PLANNED_POLICIES.contains(p)),
             "{name}: {plan}"
         );
+        // The explanation says, for each checkpointed segment, why each of the two
+        // other policies lost.
+        let text = plan.explain();
+        let reasons = ruled_out(&text);
+        assert_eq!(reasons.len(), 2 * plan.cuts().len(), "{name}: {text}");
+        for r in reasons {
+            assert!(
+                r.contains("> budget")
+                    || r.contains("saves less time")
+                    || r.contains("as fast, but")
+                    || r.contains("ties with"),
+                "{name}: {r}"
+            );
+        }
         // The profile measured both policies in every block (each has Linear layers
         // and training-mode dropout): the masks keep one bit an element of each
         // dropout, at least those of the two residual branches (`[batch, seq, d_model]`)
@@ -209,4 +236,80 @@ fn a_declared_policy_is_not_overridden() {
         full.policies().iter().all(|&p| p == Policy::RECOMPUTE_ALL),
         "{full}"
     );
+    let masks = check(&s, "Net::budget60_masks", Net::budget60_masks, &plain_grads);
+    assert_keeps_masks_everywhere(&masks, 1..CONFIG.layers + 1);
+    // No choice, nothing ruled out.
+    for plan in [selective, full, masks] {
+        assert!(ruled_out(&plan.explain()).is_empty(), "{}", plan.explain());
+    }
+}
+
+/// The lines of an explanation that say why a policy lost ("not masks: ..").
+fn ruled_out(explain: &str) -> Vec<&str> {
+    explain
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("not "))
+        .collect()
+}
+
+/// A plan whose every checkpointed segment runs with [`Policy::masks`], and whose
+/// segments keep the dropout masks of every block they hold (`blocks`: the stages that
+/// are blocks), at least one bit an element of the two residual branches and of the
+/// feed-forward layer (`6 * batch * seq * d_model` bits a block).
+fn assert_keeps_masks_everywhere(plan: &Plan, blocks: Range<usize>) {
+    assert!(!plan.cuts().is_empty(), "{plan}");
+    assert!(
+        plan.policies().iter().all(|&p| p == Policy::masks()),
+        "{plan}"
+    );
+    let block_masks = 6 * (BATCH * CONFIG.seq_len * CONFIG.d_model) as u64 / 8;
+    let checkpointed = plan.ranges().into_iter().take(plan.cuts().len());
+    for (j, range) in checkpointed.enumerate() {
+        let held = range.filter(|i| blocks.contains(i)).count() as u64;
+        let (kept, _) = plan
+            .segment_keep(j, Policy::masks())
+            .expect("masks modelled");
+        assert!(kept >= held * block_masks, "segment {j}: {plan}");
+    }
+}
+
+ckpt::model! {
+    /// The blocks of [`Net`] as a `model!` with a declared masks policy and a budget.
+    #[checkpointed(budget = "60%", policy = masks)]
+    struct MaskedBlocks(p, c: &Config) {
+        let pad: Tensor = Tensor::zeros(&xs.size()[..2], (Kind::Bool, xs.device())),
+        blocks: [Block; c.layers] = Block::new(p, c) => |b, xs, train| b.forward(xs, &pad, train),
+    }
+}
+
+/// `model!` with `budget = "60%", policy = masks`: the planner plans the cuts for the
+/// masks policy in every segment (never overridden, also after `set_segments(1)` and
+/// `set_budget` again); gradients are the plain run's bit for bit and the measured peak
+/// is within 10 % of the prediction.
+#[test]
+fn a_declared_masks_policy_is_planned_for_in_a_model() {
+    let _serial = serial();
+    let s = setup();
+    tch::manual_seed(5);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let mut model = MaskedBlocks::new(vs.root(), &CONFIG);
+    assert_eq!(model.policy(), Policy::masks());
+    let step = |model: &MaskedBlocks| {
+        measured_step(&vs, || {
+            (model.forward_t(&s.xs, true) * &s.w).sum(Kind::Float)
+        })
+    };
+    let _ = step(&model); // profiles and plans
+    let (measured, grads) = step(&model);
+    let mut plan = model.plan_for(&s.xs, true).unwrap();
+    assert_keeps_masks_everywhere(&plan, 0..CONFIG.layers);
+    assert_predicts("model!, masks", &mut plan, measured);
+    model.set_segments(1).unwrap();
+    let (_, plain_grads) = step(&model);
+    assert_bit_equal(&grads, &plain_grads, "model!, masks vs plain");
+    model
+        .set_budget(ckpt::plan::Budget::FractionOfPlain(0.6))
+        .unwrap();
+    assert_keeps_masks_everywhere(&model.plan_for(&s.xs, true).unwrap(), 0..CONFIG.layers);
 }

@@ -454,3 +454,112 @@ fn model_takes_the_policy_and_changes_it_at_run_time() {
         "full {kept_full} B < selective {kept_sel} B"
     );
 }
+
+/// The same four blocks under several attributes: one statement a block, so
+/// `segments = 2` checkpoints blocks 0 and 1 (stages `0..2`) and runs 2 and 3 inline.
+macro_rules! four_blocks {
+    ($($(#[$attr:meta])* fn $name:ident;)*) => {$(
+        $(#[$attr])*
+        fn $name(blocks: &[Block], x: &Tensor) -> Tensor {
+            let h = blocks[0].forward(x);
+            let h = blocks[1].forward(&h);
+            let h = blocks[2].forward(&h);
+            blocks[3].forward(&h)
+        }
+    )*};
+}
+
+four_blocks! {
+    fn four_plain;
+    #[ckpt::checkpointed(segments = 2, policy = masks)]
+    fn four_masks;
+    #[ckpt::checkpointed(segments = 2)]
+    fn four_full;
+}
+
+/// Bytes that checkpointing `blocks` one segment each with [`Policy::masks`] keeps
+/// beyond full recompute: the dropout masks (one bit an element) and one generator state
+/// a dropout, measured on `ckpt::checkpoint_with`.
+fn masks_kept_by(blocks: &[Block], x: &Tensor) -> i64 {
+    kept_by(x, |x| run_checkpointed(blocks, x, Policy::masks()))
+        - kept_by(x, |x| run_checkpointed(blocks, x, Policy::RECOMPUTE_ALL))
+}
+
+/// The exact bytes [`Policy::masks`] keeps for `n` blocks on a `[b, t, D]` input:
+/// three dropouts a block (attention `[b, heads, t, t]`, two `[b, t, D]`), each a bit mask
+/// rounded up to whole bytes, plus `state` bytes of generator state each.
+fn mask_bytes(n: i64, (b, t): (i64, i64), state: i64) -> i64 {
+    let bits = |elems: i64| (elems + 7) / 8;
+    n * (bits(b * HEADS * t * t) + 2 * bits(b * t * D) + 3 * state)
+}
+
+/// `Policy::masks()` keeps exactly the dropout masks and a generator state per dropout,
+/// none of the linear outputs.
+#[test]
+fn masks_policy_keeps_exactly_the_masks() {
+    let _rng = rng();
+    tch::manual_seed(9);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let blocks = stack(&vs, 2);
+    let x = Tensor::randn([2, 16, D], (Kind::Float, Device::Cpu));
+    assert_eq!(Policy::masks(), Policy::selective().save_linear(false));
+    let one = masks_kept_by(&blocks[..1], &x);
+    let state = (one - mask_bytes(1, (2, 16), 0)) / 3;
+    assert!((1..=8192).contains(&state), "generator state {state} B");
+    assert_eq!(one, mask_bytes(1, (2, 16), state));
+    assert_eq!(masks_kept_by(&blocks, &x), mask_bytes(2, (2, 16), state));
+}
+
+/// `#[checkpointed(segments = 2, policy = masks)]`: the plain function's outputs,
+/// gradients and generator state bit for bit, and the two checkpointed blocks' dropout
+/// masks kept from forward (exact bytes beyond the same cuts with full recompute).
+#[test]
+fn checkpointed_functions_take_the_masks_policy() {
+    let _rng = rng();
+    tch::manual_seed(10);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let blocks = stack(&vs, 4);
+    let x = Tensor::randn([2, 16, D], (Kind::Float, Device::Cpu));
+    let plain = step(&vs, &x, &|x| four_plain(&blocks, x));
+    let masks = step(&vs, &x, &|x| four_masks(&blocks, x));
+    assert_all_equal("policy = masks vs plain", &masks, &plain);
+    let full = step(&vs, &x, &|x| four_full(&blocks, x));
+    assert_all_equal("policy = full vs plain", &full, &plain);
+    let kept = kept_by(&x, |x| four_masks(&blocks, x)) - kept_by(&x, |x| four_full(&blocks, x));
+    assert_eq!(
+        kept,
+        masks_kept_by(&blocks[..2], &x),
+        "blocks 0 and 1's masks"
+    );
+    assert!(kept > 0);
+}
+
+ckpt::model! {
+    #[checkpointed(segments = 2, policy = masks)]
+    struct MaskedStack(p) {
+        blocks: [Block; 4] = Block::new(p) => |b, xs| b.forward(xs),
+    }
+}
+
+/// `model!` with `policy = masks`: the plain run's outputs and gradients bit for bit,
+/// and the checkpointed blocks' masks kept (exact bytes beyond full recompute).
+#[test]
+fn model_takes_the_masks_policy() {
+    let _rng = rng();
+    tch::manual_seed(12);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let mut model = MaskedStack::new(vs.root());
+    assert_eq!(model.policy(), Policy::masks());
+    let x = Tensor::randn([2, 16, D], (Kind::Float, Device::Cpu));
+    let masks = step(&vs, &x, &|x| model.forward(x));
+    let kept_masks = kept_by(&x, |x| model.forward(x));
+    model.set_policy(Policy::RECOMPUTE_ALL);
+    let kept_full = kept_by(&x, |x| model.forward(x));
+    model.set_segments(1).unwrap();
+    let plain = step(&vs, &x, &|x| model.forward(x));
+    assert_all_equal("model!, masks vs plain", &masks, &plain);
+    assert_eq!(
+        kept_masks - kept_full,
+        masks_kept_by(&model.blocks[..2], &x)
+    );
+}

@@ -1,6 +1,6 @@
 //! The arguments of `#[checkpointed(..)]`, on a function and on a `model!` declaration
 //! alike: `segments = N | auto`, `budget = ".."`, `preserve_rng_state = bool`,
-//! `determinism_check = bool`, `policy = full | selective`. Unknown and duplicate keys are errors that list the valid
+//! `determinism_check = bool`, `policy = full | masks | selective`. Unknown and duplicate keys are errors that list the valid
 //! ones; every error is collected in the caller's [`Ctxt`], and parsing recovers at the
 //! next comma.
 
@@ -52,12 +52,15 @@ mod kw {
     syn::custom_keyword!(policy);
 }
 
-/// `policy = full | selective`: what a checkpointed segment keeps from its forward
-/// (`ckpt::Policy`).
+/// `policy = full | masks | selective`: what a checkpointed segment keeps from its
+/// forward (`ckpt::Policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PolicyArg {
     /// `Policy::RECOMPUTE_ALL`: only the segment's inputs.
     Full,
+    /// `Policy::masks()`: also dropout masks (1 bit an element), the main program's
+    /// `--policy masks`.
+    Masks,
     /// `Policy::selective()`: also linear outputs and dropout masks.
     Selective,
 }
@@ -67,6 +70,7 @@ impl PolicyArg {
     pub fn tokens(self) -> TokenStream {
         match self {
             PolicyArg::Full => quote::quote!(::ckpt::Policy::RECOMPUTE_ALL),
+            PolicyArg::Masks => quote::quote!(::ckpt::Policy::masks()),
             PolicyArg::Selective => quote::quote!(::ckpt::Policy::selective()),
         }
     }
@@ -134,7 +138,7 @@ pub(crate) struct Args {
     pub preserve_rng_state: Option<bool>,
     /// `determinism_check = bool` (default `true`).
     pub determinism_check: Option<bool>,
-    /// `policy = full | selective` (default `full`).
+    /// `policy = full | masks | selective` (default `full`).
     pub policy: Option<PolicyArg>,
     /// Span of the whole argument list (the macro call when there is none).
     pub span: Option<Span>,
@@ -155,7 +159,7 @@ struct Written {
     budget: Option<(Objective, Span)>,
 }
 
-const VALID_KEYS: &str = "`segments = N`, `segments = auto`, `budget = \"..\"`, `preserve_rng_state = bool`, `determinism_check = bool`, `policy = full | selective`";
+const VALID_KEYS: &str = "`segments = N`, `segments = auto`, `budget = \"..\"`, `preserve_rng_state = bool`, `determinism_check = bool`, `policy = full | masks | selective`";
 
 /// Parses `key = value, ..`, collecting every error (unknown and duplicate keys, bad
 /// values) in `cx` and recovering at the next comma.
@@ -279,12 +283,13 @@ fn parse_one(
     } else if lookahead.peek(kw::policy) {
         let key: kw::policy = input.parse()?;
         input.parse::<Token![=]>()?;
-        let expected = "`policy` takes `full` (recompute everything, the default) or `selective` (keep linear outputs and dropout masks): `policy = selective`";
+        let expected = "`policy` takes `full` (recompute everything, the default), `masks` (keep dropout masks) or `selective` (keep linear outputs and dropout masks): `policy = masks`";
         let value = input
             .call(Ident::parse_any)
             .map_err(|e| syn::Error::new(e.span(), expected))?;
         let policy = match value.to_string().as_str() {
             "full" => PolicyArg::Full,
+            "masks" => PolicyArg::Masks,
             "selective" => PolicyArg::Selective,
             _ => return Err(syn::Error::new(value.span(), expected)),
         };

@@ -215,6 +215,22 @@ impl Policy {
         }
     }
 
+    /// Keep dropout masks only; recompute the rest, `Linear` outputs included (the
+    /// main program's `--policy masks`, `#[checkpointed(policy = masks)]`): for every
+    /// training-mode `dropout` (CPU) the segment keeps a bit mask, 1 bit an element
+    /// (`ceil(numel / 8)` bytes), and the generator's state after the draw (about 5 KiB
+    /// on CPU) until its recompute is done; the recompute rebuilds the noise from the
+    /// mask instead of drawing it again. Much less memory than [`Policy::selective`]
+    /// (a float32 `Linear` output is 32 times its mask), less recompute time than
+    /// [`Policy::RECOMPUTE_ALL`] where drawing the masks is a large part of the
+    /// forward. The same as `Policy::selective().save_linear(false)`.
+    pub const fn masks() -> Policy {
+        Policy {
+            save_linear: false,
+            save_dropout_masks: true,
+        }
+    }
+
     /// Keep (or not) the outputs of `Linear` layers.
     pub const fn save_linear(mut self, on: bool) -> Policy {
         self.save_linear = on;

@@ -28,7 +28,7 @@ pub(crate) enum PolicyArg {
     /// norms and activations (`ckpt::Policy::selective`).
     Selective,
     /// Keep the dropout masks (1 bit an element) instead of drawing them again;
-    /// recompute the rest.
+    /// recompute the rest (`ckpt::Policy::masks`).
     Masks,
     /// The planner chooses each checkpointed segment's policy among the three (with
     /// `--segments auto` or `--budget` only).
@@ -41,7 +41,7 @@ impl PolicyArg {
         match self {
             PolicyArg::Full => Some(ckpt::Policy::RECOMPUTE_ALL),
             PolicyArg::Selective => Some(ckpt::Policy::selective()),
-            PolicyArg::Masks => Some(ckpt::Policy::RECOMPUTE_ALL.save_dropout_masks(true)),
+            PolicyArg::Masks => Some(ckpt::Policy::masks()),
             PolicyArg::Auto => None,
         }
     }
@@ -170,8 +170,9 @@ pub(crate) struct Args {
     /// Print the plan `--segments auto` (or `--budget`) makes for the first training
     /// batch, before training: first with each checkpointed segment's policy chosen by the planner,
     /// then for each --policy (a fixed policy, as the auto run uses it); per segment
-    /// the policy and what each policy would keep and save, per stage what is kept and
-    /// recomputed, bytes and seconds (`ckpt::plan::Plan::explain`).
+    /// the policy, what each policy would keep and save and (planner's choice) why the
+    /// others lost, per stage what is kept and recomputed, bytes and seconds
+    /// (`ckpt::plan::Plan::explain`).
     #[arg(long)]
     pub(crate) explain: bool,
     /// Train the runs one after the other instead of taking turns step by step

@@ -248,10 +248,13 @@ fn checkpoint_argument_errors() {
     );
     assert!(one(quote!(#[checkpointed(segments = 2, policy = selective)])).is_empty());
     assert!(one(quote!(#[checkpointed(segments = 2, policy = full)])).is_empty());
+    assert!(one(quote!(#[checkpointed(segments = 2, policy = masks)])).is_empty());
     let e = one(quote!(#[checkpointed(segments = 2, policy = fast)]));
-    assert!(
-        e[0].contains("`policy` takes `full` (recompute everything, the default) or `selective`"),
-        "{e:?}"
+    assert_eq!(
+        e,
+        [
+            "`policy` takes `full` (recompute everything, the default), `masks` (keep dropout masks) or `selective` (keep linear outputs and dropout masks): `policy = masks`"
+        ]
     );
     let e = one(quote!(#[checkpointed(segments = 2, policy = full, policy = selective)]));
     assert_eq!(e, ["duplicate argument `policy`"]);

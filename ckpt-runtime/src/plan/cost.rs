@@ -23,7 +23,7 @@ pub struct StageCost {
     /// Seconds of the forward with grad, which is what a full recompute costs.
     pub forward_seconds: f64,
     /// What the stage keeps and costs to recompute in a segment checkpointed with
-    /// [`Policy::selective`]`().save_linear(false)` (dropout masks kept); `None` when not
+    /// [`Policy::masks`] (dropout masks kept); `None` when not
     /// profiled, which the planner takes as "keeps nothing, saves nothing".
     pub masks: Option<KeepCost>,
     /// The same for [`Policy::selective`] (linear outputs and dropout masks kept).
@@ -76,8 +76,8 @@ impl StageCost {
     }
 }
 
-/// The masks-only policy: dropout masks kept, linear outputs recomputed.
-pub(crate) const MASKS: Policy = Policy::selective().save_linear(false);
+/// The masks-only policy ([`Policy::masks`]): dropout masks kept, linear outputs recomputed.
+pub(crate) const MASKS: Policy = Policy::masks();
 
 /// The policies the planner chooses from for each checkpointed segment, in order of
 /// preference on ties: full recompute, dropout masks kept, selective.
@@ -224,6 +224,7 @@ impl ChainCost {
     /// As [`ChainCost::plan`]; [`CkptError::InvalidArgument`] when `policies` is empty
     /// or holds a policy that is not one of [`PLANNED_POLICIES`].
     pub fn plan_with(&self, objective: &Objective, policies: &[Policy]) -> Result<Plan, CkptError> {
+        let allowed = policies;
         self.check()?;
         if policies.is_empty() || policies.iter().any(|p| !PLANNED_POLICIES.contains(p)) {
             return Err(CkptError::InvalidArgument(format!(
@@ -243,7 +244,9 @@ impl ChainCost {
         } else {
             dp::plan_with_policies(self, budget, policies)?
         };
-        Ok(self.make_plan(cuts, policies, budget))
+        let mut plan = self.make_plan(cuts, policies, budget);
+        plan.allowed = allowed.to_vec();
+        Ok(plan)
     }
 
     /// [`ChainCost::plan`] for [`Objective::MinPeak`].
@@ -326,6 +329,8 @@ impl ChainCost {
             measured_peak_bytes: None,
             stage_costs: self.stages.clone(),
             stage_names: Vec::new(),
+            allowed: Vec::new(),
+            chain_bytes: (self.output_bytes, self.checkpoint_bytes),
         }
     }
 }

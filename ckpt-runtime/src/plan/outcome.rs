@@ -5,7 +5,7 @@
 use std::fmt;
 use std::ops::Range;
 
-use super::{MASKS, PLANNED_POLICIES, StageCost};
+use super::{ChainCost, MASKS, PLANNED_POLICIES, StageCost, dp};
 use crate::Policy;
 
 /// The phase of a plan in which its predicted peak occurs.
@@ -42,6 +42,12 @@ pub struct Plan {
     pub(super) stage_costs: Vec<StageCost>,
     /// The stages' names, when the caller knows them ([`Plan::with_stage_names`]).
     pub(super) stage_names: Vec<String>,
+    /// The policies the planner chose each checkpointed segment's policy from (empty for a
+    /// plan made by [`ChainCost::evaluate`], the one policy of a plan made for it).
+    pub(super) allowed: Vec<Policy>,
+    /// The chain's [`ChainCost::output_bytes`] and [`ChainCost::checkpoint_bytes`], so
+    /// that [`Plan::explain`] can evaluate the plan with another policy.
+    pub(super) chain_bytes: (u64, u64),
 }
 
 impl Plan {
@@ -178,6 +184,15 @@ impl Plan {
     /// (what it keeps for backward, its output included), forward time, and under its
     /// segment's policy what is kept from forward (`policy kept`) and what its recompute
     /// costs (`recompute`; `-` in the plain segment).
+    ///
+    /// For a plan made with a choice of policies ([`ChainCost::plan`](super::ChainCost::plan),
+    /// or [`ChainCost::plan_with`](super::ChainCost::plan_with) with more than one), each
+    /// checkpointed segment's line is followed by one line for every other policy the
+    /// planner could have chosen there, saying why it did not: the plan with that
+    /// segment's policy swapped (the same cuts, the others' policies unchanged) "would
+    /// peak at X > budget Y" (or, planned for the least peak, "> Y, the least peak"), or
+    /// "saves less time (Z more)" with its predicted extra time, or, at the same time, it
+    /// peaks higher, or it ties and the order full, masks, selective decided.
     pub fn explain(&self) -> String {
         use std::fmt::Write;
         let mut out = self.to_string();
@@ -221,6 +236,9 @@ impl Plan {
             if !options.is_empty() {
                 let _ = write!(out, "\n    {}", options.join("; "));
             }
+            for line in self.ruled_out(j) {
+                let _ = write!(out, "\n    {line}");
+            }
         }
         let width = self
             .stage_names
@@ -259,6 +277,68 @@ impl Plan {
                 human_bytes(cost.kept_bytes),
                 human_seconds(cost.forward_seconds),
             );
+        }
+        out
+    }
+}
+
+impl Plan {
+    /// Why the planner did not give checkpointed segment `segment` each other policy it
+    /// chose from: one line each, from the cost model's prediction for this plan with
+    /// that segment's policy swapped (`dp::evaluate`, as the planner's own figures).
+    fn ruled_out(&self, segment: usize) -> Vec<String> {
+        let chosen = self.policy_of(segment);
+        if self.allowed.len() < 2 || segment >= self.policies.len() {
+            return Vec::new();
+        }
+        let chain = ChainCost {
+            stages: self.stage_costs.clone(),
+            output_bytes: self.chain_bytes.0,
+            checkpoint_bytes: self.chain_bytes.1,
+        };
+        let (peak, extra) = (self.predicted_peak_bytes, self.predicted_extra_seconds);
+        // Times are sums of measured seconds in different orders: equal within rounding.
+        let same_time = |t: f64| (t - extra).abs() <= 1e-9 * extra.abs().max(t.abs());
+        let mut out = Vec::new();
+        for &p in self.allowed.iter().filter(|&&p| p != chosen) {
+            let mut policies = self.policies.clone();
+            policies[segment] = p;
+            let (p_peak, _, p_extra) = dp::evaluate(&chain, &self.cuts, &policies);
+            let why = match self.budget_bytes {
+                Some(b) if p_peak > b => format!(
+                    "would peak at {} > budget {}",
+                    human_bytes(p_peak),
+                    human_bytes(b)
+                ),
+                None if p_peak > peak => format!(
+                    "would peak at {} > {}, the least peak",
+                    human_bytes(p_peak),
+                    human_bytes(peak)
+                ),
+                _ if p_extra > extra && !same_time(p_extra) => format!(
+                    "saves less time ({} more: extra time {} against {})",
+                    human_seconds(p_extra - extra),
+                    human_seconds(p_extra),
+                    human_seconds(extra)
+                ),
+                _ if p_peak > peak => format!(
+                    "as fast, but would peak higher ({} > {})",
+                    human_bytes(p_peak),
+                    human_bytes(peak)
+                ),
+                _ if same_time(p_extra) && p_peak == peak => format!(
+                    "ties with {} (peak {}, extra time {}); ties go to full, masks, selective in that order",
+                    policy_name(chosen),
+                    human_bytes(p_peak),
+                    human_seconds(p_extra)
+                ),
+                _ => format!(
+                    "not taken (peak {}, extra time {})",
+                    human_bytes(p_peak),
+                    human_seconds(p_extra)
+                ),
+            };
+            out.push(format!("not {}: {why}", policy_name(p)));
         }
         out
     }
@@ -388,3 +468,6 @@ impl fmt::Display for Plan {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,105 @@
+//! [`Plan::explain`]'s account of the policies the planner ruled out, on a two-stage
+//! chain whose figures are worked out by hand.
+
+use super::super::{Budget, ChainCost, KeepCost, Objective, StageCost};
+use super::Plan;
+use crate::Policy;
+
+/// Two stages of 4 input bytes, 8 kept bytes and 1 s forward, a 4-byte output. The only
+/// cut is `[1]`: stage 0 checkpointed, with a peak of `κ + 4 + 8 + 4` (the stash, stage
+/// 1's kept bytes and the output gradient, on top of what the policy keeps `κ`) against
+/// 20 B plain. The masks policy keeps `masks.0` bytes and recomputes in `masks.1` s;
+/// selective keeps 3 B and recomputes in 0.25 s.
+fn chain(masks: (u64, f64)) -> ChainCost {
+    let mut stage = StageCost::new(4, 8, 1.0);
+    stage.masks = Some(KeepCost {
+        kept_bytes: masks.0,
+        recompute_seconds: masks.1,
+    });
+    stage.selective = Some(KeepCost {
+        kept_bytes: 3,
+        recompute_seconds: 0.25,
+    });
+    ChainCost::uniform(2, stage)
+}
+
+/// The lines of `plan.explain()` that say why a policy was not chosen.
+fn ruled_out(plan: &Plan) -> Vec<String> {
+    plan.explain()
+        .lines()
+        .filter(|l| l.trim_start().starts_with("not "))
+        .map(|l| l.trim().to_owned())
+        .collect()
+}
+
+#[test]
+fn explain_says_why_each_other_policy_was_ruled_out() {
+    // Within 17 B: full peaks at 16 B in 1 s, masks at 17 B in 0.5 s, selective at 19 B.
+    let plan = chain((1, 0.5)).plan_within(Budget::Bytes(17)).unwrap();
+    assert_eq!(plan.policies(), [Policy::masks()]);
+    let text = plan.explain();
+    assert!(
+        text.contains(
+            "\n  segment 1 (stages 0..1): checkpointed, policy masks
+     full keeps 0 B, recompute 1.000 s (saves 0 s); *masks keeps 1 B, recompute 500.000 ms (saves 500.000 ms);  selective keeps 3 B, recompute 250.000 ms (saves 750.000 ms)
+    not full: saves less time (500.000 ms more: extra time 1.000 s against 500.000 ms)
+    not selective: would peak at 19 B > budget 17 B
+  stage"
+        ),
+        "{text}"
+    );
+    // The least peak: full recompute's 16 B.
+    let plan = chain((1, 0.5)).plan_min_peak().unwrap();
+    assert_eq!(plan.policies(), [Policy::RECOMPUTE_ALL]);
+    assert_eq!(
+        ruled_out(&plan),
+        [
+            "not masks: would peak at 17 B > 16 B, the least peak",
+            "not selective: would peak at 19 B > 16 B, the least peak",
+        ]
+    );
+    // Within 17 B, masks as slow as full: the same time, a higher peak.
+    let plan = chain((1, 1.0)).plan_within(Budget::Bytes(17)).unwrap();
+    assert_eq!(plan.policies(), [Policy::RECOMPUTE_ALL]);
+    assert_eq!(
+        ruled_out(&plan),
+        [
+            "not masks: as fast, but would peak higher (17 B > 16 B)",
+            "not selective: would peak at 19 B > budget 17 B",
+        ]
+    );
+    // Masks that keep nothing and save nothing tie with full, which comes first.
+    let plan = chain((0, 1.0)).plan_within(Budget::Bytes(17)).unwrap();
+    assert_eq!(plan.policies(), [Policy::RECOMPUTE_ALL]);
+    assert_eq!(
+        ruled_out(&plan)[0],
+        "not masks: ties with full (peak 16 B, extra time 1.000 s); ties go to full, masks, selective in that order"
+    );
+}
+
+/// No choice, nothing ruled out: a plan for one policy, and a plan evaluated as given.
+#[test]
+fn explain_rules_out_nothing_without_a_choice() {
+    let costs = chain((1, 0.5));
+    let fixed = costs
+        .plan_with(&Objective::Budget(Budget::Bytes(17)), &[Policy::masks()])
+        .unwrap();
+    assert_eq!(fixed.policies(), [Policy::masks()]);
+    assert!(ruled_out(&fixed).is_empty(), "{}", fixed.explain());
+    let given = costs
+        .evaluate_with_policies(&[1], &[Policy::selective()])
+        .unwrap();
+    assert!(ruled_out(&given).is_empty(), "{}", given.explain());
+    // Two allowed: only the other one is accounted for.
+    let two = costs
+        .plan_with(
+            &Objective::Budget(Budget::Bytes(17)),
+            &[Policy::RECOMPUTE_ALL, Policy::selective()],
+        )
+        .unwrap();
+    assert_eq!(two.policies(), [Policy::RECOMPUTE_ALL]);
+    assert_eq!(
+        ruled_out(&two),
+        ["not selective: would peak at 19 B > budget 17 B"]
+    );
+}
