@@ -75,6 +75,12 @@ impl Plan {
         &self.policies
     }
 
+    /// How each segment but the last runs (`modes()[j]` for segment `j`, one per cut;
+    /// see [`Plan::mode`]).
+    pub fn modes(&self) -> &[SegmentMode] {
+        &self.modes
+    }
+
     /// How segment `segment` runs: checkpointed with its policy, kept (run once, its
     /// activations held; [`ChainCost::plan_keeping`](super::ChainCost::plan_keeping)), or
     /// [`SegmentMode::Plain`] for the last one (and past the end).
