@@ -144,7 +144,9 @@ fn methods(model: &Model) -> Vec<Method> {
         Method {
             docs: quote! {
                 /// `set_schedule(Schedule::Cuts(plan.cuts()))`: the cuts of a plan (of
-                /// `plan_for`, or of `ChainCost::evaluate` on this model's profile).
+                /// `plan_for`, or of `ChainCost::evaluate` on this model's profile). Only
+                /// the cuts are taken: the segments run with the model's policy, and a
+                /// segment the plan keeps is checkpointed unless its stages are `#[keep]`.
                 ///
                 /// # Errors
                 ///
