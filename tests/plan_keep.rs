@@ -180,3 +180,30 @@ fn kept_plans_give_the_plain_gradients_and_keep_marked_stages() {
         }
     }
 }
+
+/// `checkpoint_sequential_plan` runs a plan's kept segments inline (no checkpoint node)
+/// and its checkpointed ones checkpointed: the gradients of the plain chain.
+#[test]
+fn checkpoint_sequential_plan_runs_kept_segments_inline() {
+    let _serial = serial();
+    tch::manual_seed(2);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let blocks: Vec<Block> = (0..6).map(|i| Block::new(vs.root() / i)).collect();
+    let x = Tensor::randn([32, D], (Kind::Float, Device::Cpu));
+    let costs = ckpt::plan::profile_sequential(&blocks, &x);
+    let ckpt_full = SegmentMode::Checkpointed(ckpt::Policy::RECOMPUTE_ALL);
+    let plan = costs
+        .evaluate_with_modes(&[2, 4], &[SegmentMode::Kept, ckpt_full])
+        .unwrap();
+    assert_eq!(plan.recomputed_stages(), 2);
+    let want = common::grads_and_output(&vs, &x, &|x| {
+        blocks.iter().fold(x.shallow_clone(), |h, b| b.forward(&h))
+    });
+    let got = common::grads_and_output(&vs, &x, &|x| {
+        let y = ckpt::checkpoint_sequential_plan(&blocks, &plan, x);
+        // One checkpointed segment (2..4) is live; the kept 0..2 made no node.
+        assert_eq!(ckpt::live_segments(), 1);
+        y
+    });
+    common::assert_all_equal("kept plan vs plain", &got, &want);
+}
