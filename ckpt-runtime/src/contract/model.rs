@@ -144,8 +144,8 @@ impl ModelPlans {
     }
 
     /// The plan of the current schedule for inputs like `input`: for an auto schedule
-    /// the planner's (cached; every stage may be kept, those marked `#[keep]`, `kept(i)`,
-    /// must be), for a fixed one its segments evaluated on the profile, with the runs of
+    /// the planner's (cached; every stage may be kept, up to [`MAX_KEEP_STAGES`] stages,
+    /// and those marked `#[keep]`, `kept(i)`, must be), for a fixed one its segments evaluated on the profile, with the runs of
     /// `#[keep]` stages kept. Profiles on first sight of the input (with grad, whatever
     /// the caller's mode).
     ///
@@ -184,7 +184,12 @@ impl ModelPlans {
         };
         match &self.schedule {
             Schedule::Auto(objective) => {
-                let keeping = Keeping::all(len).with_forced(len, kept);
+                let may = if len <= MAX_KEEP_STAGES {
+                    Keeping::all(len)
+                } else {
+                    Keeping::none()
+                };
+                let keeping = may.with_forced(len, kept);
                 let plan = costs.plan_keeping(objective, &self.allowed(), &keeping)?;
                 lock(&self.plans).insert(key, plan.clone());
                 Ok(plan)
@@ -204,6 +209,11 @@ impl ModelPlans {
         }
     }
 }
+
+/// The longest chain for which an auto schedule lets the planner keep any segment: its
+/// budget program keeps Pareto fronts that grow fast with kept segments (a 128-stage
+/// chain takes seconds), so longer chains keep only their `#[keep]` stages.
+pub const MAX_KEEP_STAGES: usize = 64;
 
 /// The segments of one forward call: each stage range with the policy it is checkpointed
 /// with, or `None` when it runs inline.
@@ -303,6 +313,24 @@ mod tests {
                 (5..6, None)
             ]
         );
+    }
+
+    #[test]
+    fn long_chains_keep_only_marked_stages() {
+        use crate::plan::{Budget, StageCost};
+        let x = Tensor::zeros([2], (tch::Kind::Float, tch::Device::Cpu));
+        let budget = Schedule::Auto(Objective::Budget(Budget::FractionOfPlain(0.5)));
+        for (len, keeps) in [(MAX_KEEP_STAGES, true), (MAX_KEEP_STAGES + 1, false)] {
+            // Stage 0 dear to recompute: kept when the planner may keep it.
+            let mut stages = vec![StageCost::new(1, 2, 1.0); len];
+            stages[0].forward_seconds = 100.0;
+            let costs = ChainCost::new(stages, 1);
+            let p = ModelPlans::new(budget.clone());
+            let plan = p.plan(len, &x, None, |i| i == 5, || Ok(costs)).unwrap();
+            let kept0 = plan.mode(plan.segment_of(0)) == SegmentMode::Kept;
+            assert_eq!(kept0, keeps, "{len}: {plan}");
+            assert!(!plan.mode(plan.segment_of(5)).is_checkpointed(), "{plan}");
+        }
     }
 
     #[test]
