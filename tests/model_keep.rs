@@ -2,8 +2,8 @@
 //! checkpointed segments, and is not recomputed in backward (a repeated stage: every
 //! layer); outputs, gradients and batch-norm buffers equal the unannotated model's bit
 //! for bit; the peak memory lies strictly between full recompute with the same segments
-//! and no checkpointing; the schedule API splits run-time cuts the same way and refuses
-//! an automatic schedule.
+//! and no checkpointing; the schedule API splits run-time cuts the same way, and the
+//! planner (`segments = auto`, budgets) keeps the marked stages in every plan.
 //!
 //! The tests share the RNG, the memory counter and the run counters: one at a time.
 
@@ -12,8 +12,8 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use ckpt::plan::Schedule;
-use ckpt::{CkptError, ShallowClone, model};
+use ckpt::plan::{Objective, Schedule};
+use ckpt::{ShallowClone, model};
 use common::{assert_all_equal, grads_and_output};
 use tch::nn::{self, Module, ModuleT};
 use tch::{Device, Kind, Tensor};
@@ -203,7 +203,7 @@ fn kept_peak_lies_between_full_recompute_and_plain() {
 }
 
 #[test]
-fn run_time_cuts_split_around_kept_stages_and_auto_is_refused() {
+fn run_time_cuts_split_around_kept_stages_and_auto_keeps_them() {
     let _serial = serial();
     let x = Tensor::randn([8, D_IN], (Kind::Float, Device::Cpu));
     // Every stage a segment of its own: all but the kept ones and the last (inline)
@@ -226,16 +226,31 @@ fn run_time_cuts_split_around_kept_stages_and_auto_is_refused() {
             &want,
         );
         assert_eq!(counts(), (2, 2, 1), "{schedule:?}");
-        // The planner does not model kept stages: refused, the schedule unchanged.
-        for e in [
-            kept.set_auto().unwrap_err(),
-            kept.set_budget("50%".parse().unwrap()).unwrap_err(),
+        // The planner keeps the `#[keep]` stages (blocks[0], blocks[1], gate) in every
+        // plan, and may keep others: outputs, gradients and the batch norm's buffers
+        // still equal the plain model's, and the kept stages run once a step.
+        for auto in [
+            Schedule::Auto(Objective::MinPeak),
+            Schedule::Auto(Objective::Budget("100%".parse().unwrap())),
         ] {
-            assert!(
-                matches!(&e, CkptError::InvalidArgument(m) if m.contains("`#[keep]` (`blocks`, `gate`)")),
-                "{e}"
-            );
+            let [(vs_plain, plain), ..] = fixture();
+            let want = step(&vs_plain, &*plain, &x);
+            tch::manual_seed(7);
+            let vs = nn::VarStore::new(Device::Cpu);
+            let mut kept = Kept::new(vs.root());
+            kept.set_schedule(auto.clone()).unwrap();
+            let plan = kept.plan_for(&x, true).unwrap();
+            for i in [2, 3, 5] {
+                assert!(
+                    !plan.mode(plan.segment_of(i)).is_checkpointed(),
+                    "{auto}: {plan}"
+                );
+            }
+            counts();
+            let got = step(&vs, &kept, &x);
+            assert_all_equal(&format!("{auto} with kept stages vs plain"), &got, &want);
+            let (blocks, _, gate) = counts();
+            assert_eq!((blocks, gate), (2, 1), "{auto}: the kept stages ran once");
         }
-        assert_eq!(kept.schedule(), schedule);
     }
 }

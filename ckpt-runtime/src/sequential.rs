@@ -8,6 +8,7 @@ use tch::nn::{Module, ModuleT};
 
 use crate::checkpoint::{self, CheckpointOptions, Policy};
 use crate::contract::module_segment_name;
+use crate::plan::SegmentMode;
 use crate::{CkptError, ShallowClone};
 
 /// How [`checkpoint_sequential`] cuts `len` modules into `segments` groups, as PyTorch's
@@ -134,14 +135,15 @@ where
 /// Runs `input` through `modules` grouped by `ranges` (contiguous, in order, covering
 /// `0..modules.len()`, at least one): every range but the last is a checkpointed
 /// segment, the last runs plainly. [`sequential_segments`] and the planner
-/// (`crate::plan`) make the ranges; checkpointed segment `k` runs with `policies[k]`
-/// (full recompute where `policies` has no entry). Segments are named by
+/// (`crate::plan`) make the ranges; segment `k` runs as `modes[k]` says: checkpointed
+/// with its policy, or kept (inline, with grad); full recompute where `modes` has no
+/// entry. Segments are named by
 /// `module_segment_name`, at the caller's location.
 #[track_caller]
 pub(crate) fn run_chain<M, G>(
     modules: &[M],
     ranges: &[Range<usize>],
-    policies: &[Policy],
+    modes: &[SegmentMode],
     input: &Tensor,
     step: G,
 ) -> Result<Tensor, CkptError>
@@ -161,7 +163,15 @@ where
             .map(ShallowClone::shallow_clone)
             .collect();
         // The group's tensors are inputs of its node (`CheckpointOptions::parameters_of`).
-        let policy = policies.get(k).copied().unwrap_or(Policy::RECOMPUTE_ALL);
+        let policy = match modes.get(k) {
+            Some(SegmentMode::Kept) => {
+                // A kept segment runs once, inline, with grad (the planner's choice).
+                xs = checkpoint::run_plain(|| name(k, range), || chain(&group, xs, step))?;
+                continue;
+            }
+            Some(m) => m.policy(),
+            None => Policy::RECOMPUTE_ALL,
+        };
         let options = CheckpointOptions::new()
             .parameters_of(&group)
             .policy(policy);

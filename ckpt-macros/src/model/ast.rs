@@ -81,18 +81,6 @@ pub(crate) enum Item {
 }
 
 impl Item {
-    /// The name of a stage in messages: the field's name, the built-in's, the function's
-    /// path, `closure`.
-    pub(crate) fn name(&self) -> String {
-        match self {
-            Item::Let(l) => l.ident.to_string(),
-            Item::Field(f) => f.ident.to_string(),
-            Item::Builtin(b) => b.kind.name().to_owned(),
-            Item::Function(f) => super::parse::tokens_text(&f.path),
-            Item::Closure(_) => "closure".to_owned(),
-        }
-    }
-
     /// Whether the item is a stage of the chain (per-call values and `#[field]`s are not).
     pub(crate) fn is_stage(&self) -> bool {
         match self {

@@ -280,8 +280,6 @@ fn keep_marks_stages_and_its_misuse_is_reported() {
     assert!(errs.is_empty(), "{errs:?}");
     let kept: Vec<usize> = model.kept().map(|(k, _, _)| k).collect();
     assert_eq!(kept, [1, 2, 3, 4]);
-    let names: Vec<String> = model.kept().map(|(_, i, _)| i.name()).collect();
-    assert_eq!(names, ["blocks", "relu", "my_fn", "closure"]);
 
     let errs = errors(quote! {
         #[checkpointed(segments = 2)]
@@ -312,16 +310,12 @@ fn keep_marks_stages_and_its_misuse_is_reported() {
     let e = one(quote!());
     assert_eq!(e.len(), 1, "{e:?}");
     assert!(e[0].contains("but `A` is not checkpointed"), "{e:?}");
+    // The planner keeps `#[keep]` stages (forced kept).
     for attr in [
         quote!(#[checkpointed(segments = auto)]),
         quote!(#[checkpointed(budget = "40%")]),
     ] {
-        let e = one(attr);
-        assert_eq!(e.len(), 1, "{e:?}");
-        assert!(
-            e[0].contains("cannot be combined with `segments = auto` or `budget`"),
-            "{e:?}"
-        );
+        assert!(one(attr).is_empty());
     }
     // An invalid `#[checkpointed]` is reported alone.
     assert_eq!(one(quote!(#[checkpointed(segments = 0)])).len(), 1);

@@ -5,7 +5,6 @@
 use std::collections::HashSet;
 
 use super::ast::{Item, Model};
-use crate::args::Schedule;
 use crate::ctxt::Ctxt;
 
 /// Names a per-call value cannot take: what it sees of the forward call.
@@ -89,14 +88,7 @@ fn check_keeps(model: &Model, cx: &mut Ctxt) {
         return;
     }
     // An invalid `#[checkpointed]` is reported already.
-    let Some(checkpoint) = &model.checkpoint else {
-        return;
-    };
-    if let Schedule::Auto(_) = checkpoint.schedule {
-        cx.error_at(
-            first,
-            "`#[keep]` cannot be combined with `segments = auto` or `budget`: the planner chooses the cuts without modelling kept stages; cut with `segments = N` to keep stages, or let the planner keep linear outputs (`policy = selective`)",
-        );
+    if model.checkpoint.is_none() {
         return;
     }
     let stages = model.items.iter().filter(|i| i.is_stage()).count();

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use tch::Tensor;
 
-use crate::plan::{ChainCost, InputKey, Plan, Schedule, allowed_policies};
+use crate::plan::{ChainCost, InputKey, Keeping, Plan, Schedule, SegmentMode, allowed_policies};
 use crate::{CheckpointOptions, CkptError, Policy, lock};
 
 /// The state of a checkpointed `model!` model (a hidden field): its [`Schedule`], and
@@ -21,9 +21,6 @@ pub struct ModelPlans {
     /// Whether the policy was declared or set (`policy = ..`, `set_policy`): then the
     /// planner plans for it instead of choosing one per segment.
     policy_fixed: bool,
-    /// The items marked `#[keep]` (their stages run inline, not checkpointed): an auto
-    /// schedule is refused when there are any, as the planner does not model them.
-    kept: Vec<&'static str>,
     profiles: Arc<Mutex<HashMap<InputKey, ChainCost>>>,
     plans: Arc<Mutex<HashMap<InputKey, Plan>>>,
 }
@@ -35,7 +32,6 @@ impl ModelPlans {
             schedule,
             policy: Policy::RECOMPUTE_ALL,
             policy_fixed: false,
-            kept: Vec::new(),
             profiles: Arc::default(),
             plans: Arc::default(),
         }
@@ -46,14 +42,6 @@ impl ModelPlans {
     pub fn with_policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
         self.policy_fixed = true;
-        self
-    }
-
-    /// The state of a model with stages marked `#[keep]` (`kept`: their names, for the
-    /// error of [`ModelPlans::set`]); the declared schedule is fixed (checked by the
-    /// macro).
-    pub fn with_kept(mut self, kept: Vec<&'static str>) -> Self {
-        self.kept = kept;
         self
     }
 
@@ -79,41 +67,56 @@ impl ModelPlans {
         allowed_policies(self.policy_fixed.then_some(self.policy))
     }
 
-    /// [`ModelPlans::ranges`] with the policy of each checkpointed segment (one per
-    /// range but the last): the fixed policy, or for an auto schedule without one the
-    /// plan's choice.
+    /// The segments of one forward call on `input`, each with the policy it is
+    /// checkpointed with, or `None` when it runs inline (kept, or the last). A fixed
+    /// schedule's ranges are checkpointed with the model's policy; an auto schedule uses
+    /// the plan cached for the input, or profiles (`profile`) and plans when there is
+    /// none: its segments and modes (the planner may keep any stage, and keeps those
+    /// marked `#[keep]`, `kept(i)`), its checkpointed segments with the fixed policy if
+    /// there is one, else the planned ones. Without grad (`no_grad`, inference), and
+    /// inside the recompute of an enclosing checkpoint when nothing is cached, it does
+    /// not profile and runs the chain as one plain segment. In every case each run of
+    /// `#[keep]` stages is taken out of its checkpointed range ([`split_kept`]).
     ///
     /// # Errors
     ///
-    /// As [`ModelPlans::ranges`].
+    /// As [`Schedule::check`], `profile` and [`ChainCost::plan_keeping`]
+    /// ([`CkptError::BudgetTooSmall`]).
     pub fn segments(
         &self,
         len: usize,
         input: &Tensor,
         train: Option<bool>,
+        kept: impl Fn(usize) -> bool,
         profile: impl FnOnce() -> Result<ChainCost, CkptError>,
-    ) -> Result<(Vec<Range<usize>>, Vec<Policy>), CkptError> {
+    ) -> Result<Segments, CkptError> {
         let fixed = |ranges: Vec<Range<usize>>| {
             let n = ranges.len().saturating_sub(1);
-            (ranges, vec![self.policy; n])
+            (ranges, vec![Some(self.policy); n])
         };
-        if self.policy_fixed || !matches!(self.schedule, Schedule::Auto(_)) {
-            return self.ranges(len, input, train, profile).map(fixed);
-        }
-        if !crate::ffi::grad_enabled() {
-            return Ok(fixed(ckpt_budget::cut_ranges(&[], len)));
-        }
+        let planned = |plan: &Plan| {
+            let policies = (0..plan.cuts().len())
+                .map(|j| match plan.mode(j) {
+                    SegmentMode::Checkpointed(_) if self.policy_fixed => Some(self.policy),
+                    SegmentMode::Checkpointed(p) => Some(p),
+                    SegmentMode::Kept | SegmentMode::Plain => None,
+                })
+                .collect();
+            (plan.ranges(), policies)
+        };
         let key = InputKey::new(input, train);
-        if let Some(plan) = lock(&self.plans).get(&key)
-            && plan.len() == len
-        {
-            return Ok((plan.ranges(), plan.policies().to_vec()));
-        }
-        if crate::is_recomputing() && !lock(&self.profiles).contains_key(&key) {
-            return Ok(fixed(ckpt_budget::cut_ranges(&[], len)));
-        }
-        let plan = self.plan(len, input, train, profile)?;
-        Ok((plan.ranges(), plan.policies().to_vec()))
+        let (ranges, policies) = if let Some(r) = self.schedule.fixed_ranges(len)? {
+            fixed(r)
+        } else if !crate::ffi::grad_enabled() {
+            fixed(ckpt_budget::cut_ranges(&[], len))
+        } else if let Some(plan) = lock(&self.plans).get(&key).filter(|p| p.len() == len) {
+            planned(plan)
+        } else if crate::is_recomputing() && !lock(&self.profiles).contains_key(&key) {
+            fixed(ckpt_budget::cut_ranges(&[], len))
+        } else {
+            planned(&self.plan(len, input, train, &kept, profile)?)
+        };
+        Ok(split_kept(ranges, &policies, kept))
     }
 
     /// The current schedule.
@@ -126,18 +129,9 @@ impl ModelPlans {
     ///
     /// # Errors
     ///
-    /// As [`Schedule::check`], and [`CkptError::InvalidArgument`] for
-    /// [`Schedule::Auto`] when the model has kept stages; the schedule is unchanged then.
+    /// As [`Schedule::check`]; the schedule is unchanged then.
     pub fn set(&mut self, schedule: Schedule, len: usize) -> Result<(), CkptError> {
         schedule.check(len)?;
-        if let Schedule::Auto(_) = schedule
-            && !self.kept.is_empty()
-        {
-            return Err(CkptError::InvalidArgument(format!(
-                "an automatic schedule (`segments = auto`, a budget) for a model with stages marked `#[keep]` (`{}`): the planner does not model kept stages; cut with `Schedule::Segments(n)` or `Schedule::Cuts(..)`, or remove `#[keep]` and let `policy = selective` keep linear outputs",
-                self.kept.join("`, `")
-            )));
-        }
         self.schedule = schedule;
         self.plans = Arc::default();
         Ok(())
@@ -149,53 +143,21 @@ impl ModelPlans {
         lock(&self.plans).clear();
     }
 
-    /// The segments of one forward call on `input`. Fixed schedules need nothing more;
-    /// an auto schedule uses the plan cached for the input, or profiles (`profile`) and
-    /// plans when there is none. Without grad (`no_grad`, inference), and inside the
-    /// recompute of an enclosing checkpoint when nothing is cached, it does not profile
-    /// and runs the chain as one plain segment.
-    ///
-    /// # Errors
-    ///
-    /// As [`Schedule::check`], `profile` and [`ChainCost::plan`]
-    /// ([`CkptError::BudgetTooSmall`]).
-    pub fn ranges(
-        &self,
-        len: usize,
-        input: &Tensor,
-        train: Option<bool>,
-        profile: impl FnOnce() -> Result<ChainCost, CkptError>,
-    ) -> Result<Vec<Range<usize>>, CkptError> {
-        if let Some(r) = self.schedule.fixed_ranges(len)? {
-            return Ok(r);
-        }
-        if !crate::ffi::grad_enabled() {
-            return Ok(ckpt_budget::cut_ranges(&[], len));
-        }
-        let key = InputKey::new(input, train);
-        if let Some(plan) = lock(&self.plans).get(&key)
-            && plan.len() == len
-        {
-            return Ok(plan.ranges());
-        }
-        if crate::is_recomputing() && !lock(&self.profiles).contains_key(&key) {
-            return Ok(ckpt_budget::cut_ranges(&[], len));
-        }
-        Ok(self.plan(len, input, train, profile)?.ranges())
-    }
-
     /// The plan of the current schedule for inputs like `input`: for an auto schedule
-    /// the planner's (cached), for a fixed one its cuts evaluated on the profile. Profiles
-    /// on first sight of the input (with grad, whatever the caller's mode).
+    /// the planner's (cached; every stage may be kept, up to [`MAX_KEEP_STAGES`] stages,
+    /// and those marked `#[keep]`, `kept(i)`, must be), for a fixed one its segments evaluated on the profile, with the runs of
+    /// `#[keep]` stages kept. Profiles on first sight of the input (with grad, whatever
+    /// the caller's mode).
     ///
     /// # Errors
     ///
-    /// As [`ModelPlans::ranges`].
+    /// As [`ModelPlans::segments`].
     pub fn plan(
         &self,
         len: usize,
         input: &Tensor,
         train: Option<bool>,
+        kept: impl Fn(usize) -> bool,
         profile: impl FnOnce() -> Result<ChainCost, CkptError>,
     ) -> Result<Plan, CkptError> {
         let key = InputKey::new(input, train);
@@ -222,39 +184,64 @@ impl ModelPlans {
         };
         match &self.schedule {
             Schedule::Auto(objective) => {
-                let plan = costs.plan_with(objective, &self.allowed())?;
+                let may = if len <= MAX_KEEP_STAGES {
+                    Keeping::all(len)
+                } else {
+                    Keeping::none()
+                };
+                let keeping = may.with_forced(len, kept);
+                let plan = costs.plan_keeping(objective, &self.allowed(), &keeping)?;
                 lock(&self.plans).insert(key, plan.clone());
                 Ok(plan)
             }
             fixed => {
                 let ranges = fixed.fixed_ranges(len)?.expect("a fixed schedule");
-                let cuts: Vec<usize> = ranges[1..].iter().map(|r| r.start).collect();
                 let policy = self.allowed()[0];
-                costs.evaluate_with_policies(&cuts, &vec![policy; cuts.len()])
+                let n = ranges.len().saturating_sub(1);
+                let segments = split_kept(ranges, &vec![Some(policy); n], kept);
+                let cuts: Vec<usize> = segments[1..].iter().map(|(r, _)| r.start).collect();
+                let modes: Vec<SegmentMode> = segments[..segments.len() - 1]
+                    .iter()
+                    .map(|(_, p)| p.map_or(SegmentMode::Kept, SegmentMode::Checkpointed))
+                    .collect();
+                costs.evaluate_with_modes(&cuts, &modes)
             }
         }
     }
 }
 
+/// The longest chain for which an auto schedule lets the planner keep any segment: its
+/// budget program keeps Pareto fronts that grow fast with kept segments (a 128-stage
+/// chain takes seconds), so longer chains keep only their `#[keep]` stages.
+pub const MAX_KEEP_STAGES: usize = 64;
+
+/// The segments of one forward call: each stage range with the policy it is checkpointed
+/// with, or `None` when it runs inline.
+pub type Segments = Vec<(Range<usize>, Option<Policy>)>;
+
 /// The segments of one forward call of a model with stages marked `#[keep]`: `ranges`
-/// (the schedule's; the last runs inline) with every run of kept stages (`kept(i)`)
-/// taken out of its checkpointed range, splitting it, as `#[ckpt::keep]` does in a
-/// function. Each range comes with the policy it is checkpointed with (`policies[g]` of
-/// its range `g`), or `None` when it runs inline: a run of kept stages, or the last
-/// range (which is not split, as it runs inline anyway).
+/// (the schedule's or the plan's; the last runs inline) with every run of kept stages
+/// (`kept(i)`) taken out of its checkpointed range, splitting it, as `#[ckpt::keep]` does
+/// in a function. Each range comes with the policy it is checkpointed with
+/// (`policies[g]` of its range `g`), or `None` when it runs inline: a run of kept stages,
+/// a range whose policy is `None` (a segment the planner keeps), or the last range
+/// (which is not split, as it runs inline anyway).
 pub fn split_kept(
     ranges: Vec<Range<usize>>,
-    policies: &[Policy],
+    policies: &[Option<Policy>],
     kept: impl Fn(usize) -> bool,
-) -> Vec<(Range<usize>, Option<Policy>)> {
+) -> Segments {
     let n = ranges.len();
     let mut out = Vec::with_capacity(n);
     for (g, range) in ranges.into_iter().enumerate() {
-        if g + 1 == n || range.is_empty() {
+        let policy = policies
+            .get(g)
+            .copied()
+            .unwrap_or(Some(Policy::RECOMPUTE_ALL));
+        let Some(policy) = policy.filter(|_| g + 1 < n && !range.is_empty()) else {
             out.push((range, None));
             continue;
-        }
-        let policy = policies.get(g).copied().unwrap_or(Policy::RECOMPUTE_ALL);
+        };
         let mut start = range.start;
         for i in range.start + 1..range.end {
             if kept(i) != kept(i - 1) {
@@ -291,25 +278,12 @@ mod tests {
     use crate::plan::Objective;
 
     #[test]
-    fn auto_is_refused_with_kept_stages() {
-        let mut p = ModelPlans::new(Schedule::Segments(2)).with_kept(vec!["fc2", "blocks"]);
-        let e = p.set(Schedule::Auto(Objective::MinPeak), 6).unwrap_err();
-        assert!(
-            matches!(&e, CkptError::InvalidArgument(m) if m.contains("(`fc2`, `blocks`)")),
-            "{e}"
-        );
-        assert_eq!(p.schedule(), &Schedule::Segments(2));
-        p.set(Schedule::Cuts(vec![2, 4]), 6).unwrap();
-        assert_eq!(p.schedule(), &Schedule::Cuts(vec![2, 4]));
-    }
-
-    #[test]
     fn split_kept_takes_kept_runs_out_of_checkpointed_ranges() {
         let sel = Policy::selective();
         let full = Policy::RECOMPUTE_ALL;
         // Ranges 0..4 | 4..8 | 8..10, stages 1, 2 and 4 and 9 kept.
         let kept = |i: usize| [1, 2, 4, 9].contains(&i);
-        let out = split_kept(vec![0..4, 4..8, 8..10], &[sel, full], kept);
+        let out = split_kept(vec![0..4, 4..8, 8..10], &[Some(sel), Some(full)], kept);
         assert_eq!(
             out,
             [
@@ -322,11 +296,41 @@ mod tests {
             ]
         );
         // Nothing kept: the ranges as they were, the last inline.
-        let out = split_kept(vec![0..2, 2..3], &[full], |_| false);
+        let out = split_kept(vec![0..2, 2..3], &[Some(full)], |_| false);
         assert_eq!(out, [(0..2, Some(full)), (2..3, None)]);
         // A range that is all kept runs inline whole.
-        let out = split_kept(vec![0..2, 2..3], &[full], |i| i < 2);
+        let out = split_kept(vec![0..2, 2..3], &[Some(full)], |i| i < 2);
         assert_eq!(out, [(0..2, None), (2..3, None)]);
+        // A range the planner keeps (`None`) runs inline whole, whatever `kept` says.
+        let out = split_kept(vec![0..2, 2..5, 5..6], &[None, Some(sel)], |i| i == 3);
+        assert_eq!(
+            out,
+            [
+                (0..2, None),
+                (2..3, Some(sel)),
+                (3..4, None),
+                (4..5, Some(sel)),
+                (5..6, None)
+            ]
+        );
+    }
+
+    #[test]
+    fn long_chains_keep_only_marked_stages() {
+        use crate::plan::{Budget, StageCost};
+        let x = Tensor::zeros([2], (tch::Kind::Float, tch::Device::Cpu));
+        let budget = Schedule::Auto(Objective::Budget(Budget::FractionOfPlain(0.5)));
+        for (len, keeps) in [(MAX_KEEP_STAGES, true), (MAX_KEEP_STAGES + 1, false)] {
+            // Stage 0 dear to recompute: kept when the planner may keep it.
+            let mut stages = vec![StageCost::new(1, 2, 1.0); len];
+            stages[0].forward_seconds = 100.0;
+            let costs = ChainCost::new(stages, 1);
+            let p = ModelPlans::new(budget.clone());
+            let plan = p.plan(len, &x, None, |i| i == 5, || Ok(costs)).unwrap();
+            let kept0 = plan.mode(plan.segment_of(0)) == SegmentMode::Kept;
+            assert_eq!(kept0, keeps, "{len}: {plan}");
+            assert!(!plan.mode(plan.segment_of(5)).is_checkpointed(), "{plan}");
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! for an [`Objective`] (the dynamic programs are in `dp.rs`; the model is described in the
 //! [module docs](super)).
 
-use super::{Budget, Plan, dp, schedule};
+use super::{Budget, Keeping, Plan, SegmentMode, dp, schedule};
 use crate::{CkptError, Policy};
 
 /// What one stage of a chain costs, as measured by [`profile_sequential`](super::profile_sequential) (see the
@@ -192,12 +192,53 @@ impl ChainCost {
                 cuts.len()
             )));
         }
-        if let Some(p) = policies.iter().find(|p| !PLANNED_POLICIES.contains(p)) {
+        let modes: Vec<SegmentMode> = policies
+            .iter()
+            .map(|&p| SegmentMode::Checkpointed(p))
+            .collect();
+        self.evaluate_with_modes(cuts, &modes)
+    }
+
+    /// [`ChainCost::evaluate`] with a mode for each segment but the last (`modes[j]` for
+    /// the segment that ends at `cuts[j]`): checkpointed with a policy, as in
+    /// [`ChainCost::evaluate_with_policies`], or [`SegmentMode::Kept`]: run once with
+    /// grad, its stages' kept bytes held from its forward until its backward (the
+    /// [cost model](super)), no stash, no RNG copy, no recompute time.
+    ///
+    /// # Errors
+    ///
+    /// As [`ChainCost::evaluate_with_policies`]; [`CkptError::InvalidArgument`] for
+    /// [`SegmentMode::Plain`], which only the last segment is.
+    pub fn evaluate_with_modes(
+        &self,
+        cuts: &[usize],
+        modes: &[SegmentMode],
+    ) -> Result<Plan, CkptError> {
+        self.check()?;
+        schedule::check_cuts(cuts, self.len())?;
+        if modes.len() != cuts.len() {
             return Err(CkptError::InvalidArgument(format!(
-                "policy {p:?} is not one the planner models (full recompute, dropout masks kept, or selective)"
+                "{} modes for {} segments before the last: give one per cut",
+                modes.len(),
+                cuts.len()
             )));
         }
-        Ok(self.make_plan(cuts.to_vec(), policies.to_vec(), None))
+        for m in modes {
+            match m {
+                SegmentMode::Checkpointed(p) if !PLANNED_POLICIES.contains(p) => {
+                    return Err(CkptError::InvalidArgument(format!(
+                        "policy {p:?} is not one the planner models (full recompute, dropout masks kept, or selective)"
+                    )));
+                }
+                SegmentMode::Plain => {
+                    return Err(CkptError::InvalidArgument(
+                        "a segment before the last is checkpointed or kept, not plain".into(),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(self.make_plan(cuts.to_vec(), modes.to_vec(), None))
     }
 
     /// Chooses the cuts for `objective` by dynamic programming (see the
@@ -224,7 +265,32 @@ impl ChainCost {
     /// As [`ChainCost::plan`]; [`CkptError::InvalidArgument`] when `policies` is empty
     /// or holds a policy that is not one of [`PLANNED_POLICIES`].
     pub fn plan_with(&self, objective: &Objective, policies: &[Policy]) -> Result<Plan, CkptError> {
-        let allowed = policies;
+        self.check()?;
+        if policies.is_empty() || policies.iter().any(|p| !PLANNED_POLICIES.contains(p)) {
+            return Err(CkptError::InvalidArgument(format!(
+                "plan_with: policies {policies:?}: give at least one, each full recompute, dropout masks kept, or selective"
+            )));
+        }
+        self.plan_keeping(objective, policies, &Keeping::none())
+    }
+
+    /// [`ChainCost::plan_with`] where a segment before the last may also be *kept*
+    /// ([`SegmentMode::Kept`]: run once with grad, its activations held until its
+    /// backward) when `keeping` allows all its stages, and must be kept (or be the plain
+    /// last one) when it holds a stage that `keeping` forces: for each segment the
+    /// planner chooses checkpointed with one of `policies`, or kept (rotor's choice
+    /// between keeping a stage's input and all its activations). Exact for the
+    /// [cost model](super), as [`ChainCost::plan`] is.
+    ///
+    /// # Errors
+    ///
+    /// As [`ChainCost::plan_with`].
+    pub fn plan_keeping(
+        &self,
+        objective: &Objective,
+        policies: &[Policy],
+        keeping: &Keeping,
+    ) -> Result<Plan, CkptError> {
         self.check()?;
         if policies.is_empty() || policies.iter().any(|p| !PLANNED_POLICIES.contains(p)) {
             return Err(CkptError::InvalidArgument(format!(
@@ -236,16 +302,17 @@ impl ChainCost {
             Objective::MinPeak => None,
             Objective::Budget(b) => Some(b.bytes(plain)?),
         };
-        let (cuts, policies) = if policies == [Policy::RECOMPUTE_ALL] || !dp::has_policies(self) {
-            // No figures: every policy costs what full recompute does; the first is taken.
-            let cuts = dp::plan(self, budget)?;
-            let policies = vec![policies[0]; cuts.len()];
-            (cuts, policies)
-        } else {
-            dp::plan_with_policies(self, budget, policies)?
-        };
-        let mut plan = self.make_plan(cuts, policies, budget);
-        plan.allowed = allowed.to_vec();
+        let (cuts, modes) =
+            if !keeping.any() && (policies == [Policy::RECOMPUTE_ALL] || !dp::has_policies(self)) {
+                // No figures: every policy costs what full recompute does; the first is taken.
+                let cuts = dp::plan(self, budget)?;
+                let modes = vec![SegmentMode::Checkpointed(policies[0]); cuts.len()];
+                (cuts, modes)
+            } else {
+                dp::plan_with_modes(self, budget, policies, keeping)?
+            };
+        let mut plan = self.make_plan(cuts, modes, budget);
+        plan.allowed = policies.to_vec();
         Ok(plan)
     }
 
@@ -314,14 +381,23 @@ impl ChainCost {
         out
     }
 
-    fn make_plan(&self, cuts: Vec<usize>, policies: Vec<Policy>, budget: Option<u64>) -> Plan {
-        let (peak, phase, extra) = dp::evaluate(self, &cuts, &policies);
+    fn make_plan(&self, cuts: Vec<usize>, modes: Vec<SegmentMode>, budget: Option<u64>) -> Plan {
+        let (peak, phase, extra) = dp::evaluate(self, &cuts, &modes);
+        let mut bounds = vec![0];
+        bounds.extend_from_slice(&cuts);
+        let recomputed = modes
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.is_checkpointed())
+            .map(|(j, _)| bounds[j + 1] - bounds[j])
+            .sum();
         Plan {
             len: self.len(),
             predicted_extra_seconds: extra,
-            recomputed_stages: cuts.last().copied().unwrap_or(0),
+            recomputed_stages: recomputed,
             cuts,
-            policies,
+            policies: modes.iter().map(|m| m.policy()).collect(),
+            modes,
             predicted_peak_bytes: peak,
             peak_phase: phase,
             plain_peak_bytes: dp::evaluate(self, &[], &[]).0,

@@ -2,19 +2,20 @@
 //! choose the cuts and, per checkpointed segment, the policy (see the [parent module](super)
 //! for the model and the proofs).
 
-use super::{ChainCost, Phase};
-use crate::{CkptError, Policy};
+use super::{ChainCost, Phase, SegmentMode};
+use crate::CkptError;
 
-/// The predicted peak of `cuts` with `policies` (one per checkpointed segment), the phase
-/// where it occurs and the predicted extra seconds, straight from the definition of the
-/// cost model (no shared code with the programs below, so that the property tests
-/// compare two independent computations). `cuts` and `policies` must be valid (every
-/// policy one that [`StageCost::keep`](super::StageCost::keep) models) and the profile
-/// checked.
+/// The predicted peak of `cuts` with `modes` (one per segment but the last: each
+/// checkpointed with a policy or kept), the phase where it occurs and the predicted extra
+/// seconds, straight from the definition of the cost model (no shared code with the
+/// programs below, so that the property tests compare two independent computations).
+/// `cuts` and `modes` must be valid (every policy one that
+/// [`StageCost::keep`](super::StageCost::keep) models, no [`SegmentMode::Plain`]) and the
+/// profile checked.
 pub(super) fn evaluate(
     costs: &ChainCost,
     cuts: &[usize],
-    policies: &[Policy],
+    modes: &[SegmentMode],
 ) -> (u64, Phase, f64) {
     let st = &costs.stages;
     let len = st.len();
@@ -29,22 +30,32 @@ pub(super) fn evaluate(
     bounds.extend_from_slice(cuts);
     bounds.push(len);
     let k = bounds.len() - 1;
+    let mode = |j: usize| {
+        if j + 1 == k {
+            SegmentMode::Plain
+        } else {
+            modes[j]
+        }
+    };
     let mut stashes = 0u64;
     let mut seconds = 0.0;
     let mut values = Vec::with_capacity(k);
     for j in 0..k {
         let (a, b) = (bounds[j], bounds[j + 1]);
-        let plain = j == k - 1;
-        if a > 0 {
+        let checkpointed = mode(j).is_checkpointed();
+        // The segment's input: in the baseline for the first, else held by the stash or
+        // by the graph of the first stage, unless the segment before is kept, whose
+        // kept bytes hold it already (its last stage's output).
+        if a > 0 && mode(j - 1) != SegmentMode::Kept {
             stashes += input(a);
         }
-        if !plain {
+        if let SegmentMode::Checkpointed(policy) = mode(j) {
             stashes += costs.checkpoint_bytes;
             // What the policy keeps lives from the segment's forward until its
             // recompute and backward are done, as a stash does; its recompute costs
             // the stages' forward times less what the policy replays.
             for s in &st[a..b] {
-                let (kept, recompute) = s.keep(policies[j]).unwrap_or((0, s.forward_seconds));
+                let (kept, recompute) = s.keep(policy).unwrap_or((0, s.forward_seconds));
                 stashes += kept;
                 seconds += recompute;
             }
@@ -55,7 +66,7 @@ pub(super) fn evaluate(
         let mut kept = 0u64;
         for (i, s) in st.iter().enumerate().take(b).skip(a) {
             kept += s.kept_bytes;
-            let worst = if !plain && i == b - 1 {
+            let worst = if checkpointed && i == b - 1 {
                 s.forward_extra_bytes.max(s.backward_extra_bytes)
             } else {
                 s.forward_extra_bytes
@@ -63,19 +74,28 @@ pub(super) fn evaluate(
             };
             term = term.max(kept + worst);
         }
-        if !plain {
+        if checkpointed {
             term += input(b);
         }
         values.push(stashes + term);
+        // A kept segment's activations are held by every later phase.
+        if mode(j) == SegmentMode::Kept {
+            stashes += kept;
+        }
     }
-    // The phases in time order: the plain segment, then the recomputes from the last
-    // checkpointed segment down; ties go to the earliest.
+    // The phases in time order: the plain segment, then the backward of the segments
+    // before it from the last down (a checkpointed one's recompute); ties go to the
+    // earliest.
     let mut peak = values[k - 1];
     let mut phase = Phase::Plain;
     for j in (0..k - 1).rev() {
         if values[j] > peak {
             peak = values[j];
-            phase = Phase::Recompute { segment: j };
+            phase = if mode(j) == SegmentMode::Kept {
+                Phase::Kept { segment: j }
+            } else {
+                Phase::Recompute { segment: j }
+            };
         }
     }
     (peak, phase, seconds)
@@ -153,13 +173,25 @@ impl Tables {
     /// Calls `f(b, in_b + U(a, b))` for every checkpointed segment `a..b` (`a < b < len`),
     /// in increasing `b`, keeping `U` up to date in O(1) per step.
     fn for_each_segment(&self, a: usize, mut f: impl FnMut(usize, u64)) {
+        self.for_each_run(a, |b, seg, _| f(b, seg));
+    }
+
+    /// Calls `f(b, in_b + U(a, b), V(a, b))` for every segment `a..b` (`a < b < len`) in
+    /// increasing `b`: the term of `a..b` checkpointed and, with
+    /// `V(a, b) = max_{a <= i < b} [K(a, i+1) + e_i]`, its term kept; O(1) per step.
+    fn for_each_run(&self, a: usize, mut f: impl FnMut(usize, u64, u64)) {
         // `m` = max_{a <= i < b-1} (kept[i+1] + e_i), absolute; `kept[a]` is neutral since
         // every candidate is at least `kept[a]`.
         let mut m = self.kept[a];
         for b in a + 1..self.len {
             let last = self.kept[b] + self.e_hat[b - 1];
-            f(b, self.input[b] + m.max(last) - self.kept[a]);
-            m = m.max(self.kept[b] + self.e[b - 1]);
+            let v = m.max(self.kept[b] + self.e[b - 1]);
+            f(
+                b,
+                self.input[b] + m.max(last) - self.kept[a],
+                v - self.kept[a],
+            );
+            m = v;
         }
     }
 
@@ -256,154 +288,11 @@ pub(super) fn has_policies(costs: &ChainCost) -> bool {
         .any(|s| s.masks.is_some() || s.selective.is_some())
 }
 
-/// One partial plan of the prefix `0..at` in the budget program with policies: the stash
-/// sum `A` its checkpointed segments hold (their inputs, RNG copies and kept bytes), its
-/// recompute seconds, the largest of its phases' peaks, and how it was made.
-#[derive(Debug, Clone, Copy)]
-struct Label {
-    stash: u64,
-    seconds: f64,
-    peak: u64,
-    /// The label of the prefix before the last segment, and that segment's policy
-    /// (`None` for the empty prefix).
-    from: Option<(usize, Policy)>,
-    at: usize,
-}
-
-impl Label {
-    fn dominates(&self, other: &Label) -> bool {
-        self.stash <= other.stash && self.seconds <= other.seconds && self.peak <= other.peak
-    }
-}
-
-/// The planner with a choice of policy per checkpointed segment among `allowed` (some of
-/// [`PLANNED_POLICIES`], at least one): the cuts and policies for the least extra time
-/// within `budget` bytes, or (`None`) for the least peak; ties broken by the other
-/// objective, then by the order of `allowed`. The profile must be checked.
-pub(super) fn plan_with_policies(
-    costs: &ChainCost,
-    budget: Option<u64>,
-    allowed: &[Policy],
-) -> Result<(Vec<usize>, Vec<Policy>), CkptError> {
-    let len = costs.len();
-    if len == 0 {
-        return Ok((Vec::new(), Vec::new()));
-    }
-    let t = Tables::new(costs);
-    let st = &costs.stages;
-    let keep = |i: usize, p: Policy| st[i].keep(p).unwrap_or((0, st[i].forward_seconds));
-    // The least peak, G with a policy per segment: a checkpointed first segment a..b
-    // with policy P holds σ_ckpt(a) + κ(a, b, P) in every phase from its forward on.
-    let mut g = vec![INF; len + 1];
-    for a in (0..len).rev() {
-        let mut best = t.stash_plain(a) + t.w[a];
-        let stash = t.stash_ckpt(a);
-        let mut kept = vec![0u64; allowed.len()];
-        t.for_each_segment(a, |b, seg| {
-            for (q, &p) in allowed.iter().enumerate() {
-                kept[q] += keep(b - 1, p).0;
-                if g[b] != INF {
-                    best = best.min(stash + kept[q] + seg.max(g[b]));
-                }
-            }
-        });
-        g[a] = best;
-    }
-    let least = g[0];
-    let budget = within(budget, least)?;
-    // Least time within the budget: the Pareto front of (stash sum, seconds, peak so far)
-    // per boundary. Whether a prefix can be completed within the budget, and what the
-    // completion adds to time and peak, depend on the prefix only through its stash sum;
-    // time adds and peaks take maxima, so a prefix no better in all three than another
-    // at the same boundary is never needed (dominance), and the fronts hold every
-    // optimum.
-    let mut labels: Vec<Label> = vec![Label {
-        stash: 0,
-        seconds: 0.0,
-        peak: 0,
-        from: None,
-        at: 0,
-    }];
-    let mut pending: Vec<Vec<usize>> = vec![Vec::new(); len];
-    pending[0].push(0);
-    // The best complete plan: (seconds, peak, label at the plain segment's start).
-    let mut best: Option<(f64, u64, usize)> = None;
-    for a in 0..len {
-        let mut front: Vec<usize> = Vec::new();
-        for &l in &pending[a] {
-            let cand = labels[l];
-            if front.iter().any(|&f| labels[f].dominates(&cand)) {
-                continue;
-            }
-            front.retain(|&f| !cand.dominates(&labels[f]));
-            front.push(l);
-        }
-        for &l in &front {
-            let label = labels[l];
-            let peak = label.peak.max(label.stash + t.stash_plain(a) + t.w[a]);
-            if peak <= budget {
-                let better = best
-                    .is_none_or(|(s, p, _)| label.seconds < s || (label.seconds == s && peak < p));
-                if better {
-                    best = Some((label.seconds, peak, l));
-                }
-            }
-            let base = label.stash + t.stash_ckpt(a);
-            if base > budget {
-                continue;
-            }
-            let mut kept = vec![0u64; allowed.len()];
-            let mut seconds = vec![label.seconds; allowed.len()];
-            let mut made = Vec::new();
-            t.for_each_segment(a, |b, seg| {
-                for (q, &p) in allowed.iter().enumerate() {
-                    let (k, s) = keep(b - 1, p);
-                    kept[q] += k;
-                    seconds[q] += s;
-                    let stash = base + kept[q];
-                    let phase = stash + seg;
-                    // A policy that keeps nothing more and saves no time than an earlier
-                    // one in the list is the same plan; skip it.
-                    let same = (0..q).any(|r| kept[r] == kept[q] && seconds[r] == seconds[q]);
-                    if phase <= budget && !same {
-                        made.push((
-                            b,
-                            Label {
-                                stash,
-                                seconds: seconds[q],
-                                peak: label.peak.max(phase),
-                                from: Some((l, p)),
-                                at: b,
-                            },
-                        ));
-                    }
-                }
-            });
-            for (b, label) in made {
-                pending[b].push(labels.len());
-                labels.push(label);
-            }
-        }
-        pending[a] = front;
-    }
-    let (_, _, mut l) = best.expect("G(0) <= budget, so some plan fits");
-    let mut cuts = Vec::new();
-    let mut policies = Vec::new();
-    while let Some((prev, p)) = labels[l].from {
-        cuts.push(labels[l].at);
-        policies.push(p);
-        l = prev;
-    }
-    cuts.reverse();
-    policies.reverse();
-    // The loop above records the start of each segment after the first: the last entry
-    // is the plain segment's start, every entry a cut.
-    Ok((cuts, policies))
-}
+pub(super) use front::plan_with_modes;
 
 /// The budget to plan for: `budget`, or the least feasible peak `least` when none is
 /// given; [`CkptError::BudgetTooSmall`] when `budget` is under `least`.
-fn within(budget: Option<u64>, least: u64) -> Result<u64, CkptError> {
+pub(super) fn within(budget: Option<u64>, least: u64) -> Result<u64, CkptError> {
     match budget {
         Some(b) if b < least => Err(CkptError::BudgetTooSmall {
             budget_bytes: b,
@@ -414,5 +303,8 @@ fn within(budget: Option<u64>, least: u64) -> Result<u64, CkptError> {
     }
 }
 
+mod front;
+#[cfg(test)]
+mod keep_tests;
 #[cfg(test)]
 mod tests;

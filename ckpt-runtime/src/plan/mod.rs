@@ -20,7 +20,8 @@
 //!   profiles its own stages with [`profile_chain`] and caches a plan per input (size,
 //!   dtype, device, train flag). Every checkpointed model can change its [`Schedule`] at
 //!   run time (`set_schedule`, `set_segments`, `set_budget`, ..) and show its plan
-//!   (`plan_for`).
+//!   (`plan_for`). Its planner may keep segments ([`ChainCost::plan_keeping`] with every
+//!   stage allowed), and keeps the stages marked `#[keep]` in every plan.
 //! - **`#[checkpointed(segments = auto)]` functions**: the statements but the last are
 //!   the stages, run over a type-erased environment of the values live between them
 //!   (the design is described in the docs of `#[checkpointed]`; their run time is in the
@@ -34,7 +35,8 @@
 //! checkpointed (run without grad in forward, its input `x_{c_j}` stashed, recomputed
 //! with grad in backward); the last runs plainly (as in PyTorch's
 //! `checkpoint_sequential`). So every stage is recomputed at most once, and the extra time
-//! is the forward time of the stages before the last cut.
+//! is the forward time of the stages before the last cut. (A segment may also be *kept*,
+//! run once with grad like the last: see [Kept segments](#kept-segments-keep-or-recompute-per-segment).)
 //!
 //! # The cost model: what counts towards the peak
 //!
@@ -200,6 +202,44 @@
 //! tests of `plan/dp.rs` (500 random chains each, up to 7 stages and 3^6 policy
 //! assignments per cut set).
 //!
+//! # Kept segments (keep or recompute, per segment)
+//!
+//! A segment before the last may also be *kept* ([`SegmentMode::Kept`]): run once,
+//! inline, with grad, like the plain last segment, its activations held from its forward
+//! until its backward; no stash, no RNG copy, no recompute (Beaumont, Eyraud-Dubois,
+//! Herrmann, Joly and Shilova, "Optimal checkpointing for heterogeneous chains", rotor,
+//! 2019, choose per stage between keeping its input and keeping all its activations; a
+//! kept stage is the second). [`ChainCost::plan_keeping`] chooses per segment among the
+//! policies and keeping, under a [`Keeping`]: the stages that may be kept, and those
+//! that must (`model!`'s `#[keep]`), which then lie in a kept segment or the plain one.
+//! In the phases above, with segment `j = a..b` kept:
+//!
+//! - **What it holds.** `K(a, b)`, from its forward on, in every later phase, as a stash
+//!   is; its input `x_a` as the plain segment's is (by its first stage's graph,
+//!   `in_a`, 0 for `a = 0`). Its output `x_b` is in `K(a, b)` (the last stage's kept
+//!   bytes count its output), so the next segment's input is not counted again: the
+//!   input term `in_{c_j}` of any segment is charged unless the segment before it is
+//!   kept. So `σ_j = in_a' + K(a, b)`, with `in_a'` that input term.
+//! - **Its phase.** Forward and backward of stage `i` run on `A_{j-1} + in_a'` (the
+//!   later segments' holdings are not yet made, or already freed) and the stages before
+//!   `i` in the segment: as in the plain segment, stage `i`'s worst moment is
+//!   `K(a, i+1) + e_i`, the incoming gradient of its last stage being a fresh `in_b`
+//!   from the next segment's backward:
+//!   `peak_j = A_{j-1} + in_a' + V(a, b)`, `V(a, b) = max_{a ≤ i < b} [K(a, i+1) + e_i]`.
+//! - **Time.** None: a kept segment adds no recompute.
+//!
+//! The least peak is then the recursion `G` counted without the first segment's input
+//! term (which its predecessor decides): `G(a) = min(W(a),
+//! o + κ(a, b, P) + max(in_b + U(a, b), in_b + G(b)),  max(V(a, b), K(a, b) + G(b)))` over
+//! the segments `a..b` the constraints allow, and the least time within `B` the Pareto
+//! program above, a label's held bytes now including the input term of its boundary and
+//! the kept segments' `K` (a kept extension adds `K(a, b)` and no time; its phase is
+//! the label's held bytes plus `V(a, b)`). Both are exact for the model by the same
+//! arguments, and checked against exhaustive search over cut sets and per-segment modes
+//! (each policy or kept) with random may/must constraints (`plan/dp/keep_tests.rs`).
+//! [`ChainCost::plan`] and [`ChainCost::plan_with`] keep nothing (every segment but the
+//! last checkpointed), as before.
+//!
 //! One level of checkpoints (each stage recomputed at most once) is what the dynamic
 //! program plans. Griewank and Walther's binomial checkpointing ("Algorithm 799:
 //! revolve", ACM TOMS 26(1), 2000) nests segments, recomputing stages several times to
@@ -211,6 +251,7 @@ mod binomial;
 mod budget;
 mod cost;
 mod dp;
+mod modes;
 mod outcome;
 mod planner;
 mod profile;
@@ -224,6 +265,7 @@ pub use binomial::{
 pub use budget::Budget;
 pub use cost::{ChainCost, KeepCost, Objective, PLANNED_POLICIES, StageCost};
 pub(crate) use cost::{MASKS, allowed_policies};
+pub use modes::{Keeping, SegmentMode};
 pub(crate) use outcome::human_bytes;
 pub use outcome::{Phase, Plan, policy_name};
 pub(crate) use planner::InputKey;

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::ops::Range;
 
-use super::{ChainCost, MASKS, PLANNED_POLICIES, StageCost, dp};
+use super::{ChainCost, MASKS, PLANNED_POLICIES, SegmentMode, StageCost, dp};
 use crate::Policy;
 
 /// The phase of a plan in which its predicted peak occurs.
@@ -16,6 +16,11 @@ pub enum Phase {
     /// The recompute and backward of checkpointed segment `segment` (0-based; shown
     /// 1-based, as segment names are: "segment 1 of 3").
     Recompute {
+        /// Index of the segment.
+        segment: usize,
+    },
+    /// The forward or backward of kept segment `segment` (0-based, shown 1-based).
+    Kept {
         /// Index of the segment.
         segment: usize,
     },
@@ -31,6 +36,8 @@ pub struct Plan {
     pub(super) cuts: Vec<usize>,
     /// The policy of each checkpointed segment.
     pub(super) policies: Vec<Policy>,
+    /// The mode of each segment but the last (one per cut).
+    pub(super) modes: Vec<SegmentMode>,
     pub(super) predicted_peak_bytes: u64,
     pub(super) predicted_extra_seconds: f64,
     pub(super) recomputed_stages: usize,
@@ -66,15 +73,33 @@ impl Plan {
         &self.cuts
     }
 
-    /// The policy of each checkpointed segment (`policies()[j]` for segment `j`, one per
-    /// cut): [`Policy::RECOMPUTE_ALL`] unless the planner chose to keep dropout masks or
+    /// The policy of each segment but the last (`policies()[j]` for segment `j`, one per
+    /// cut; [`Policy::RECOMPUTE_ALL`] for a kept one, see [`Plan::mode`]):
+    /// [`Policy::RECOMPUTE_ALL`] unless the planner chose to keep dropout masks or
     /// linear outputs (see [`ChainCost::plan`](super::ChainCost::plan)).
     pub fn policies(&self) -> &[Policy] {
         &self.policies
     }
 
+    /// How each segment but the last runs (`modes()[j]` for segment `j`, one per cut;
+    /// see [`Plan::mode`]).
+    pub fn modes(&self) -> &[SegmentMode] {
+        &self.modes
+    }
+
+    /// How segment `segment` runs: checkpointed with its policy, kept (run once, its
+    /// activations held; [`ChainCost::plan_keeping`](super::ChainCost::plan_keeping)), or
+    /// [`SegmentMode::Plain`] for the last one (and past the end).
+    pub fn mode(&self, segment: usize) -> SegmentMode {
+        self.modes
+            .get(segment)
+            .copied()
+            .unwrap_or(SegmentMode::Plain)
+    }
+
     /// The policy segment `segment` runs with: its planned one, or
-    /// [`Policy::RECOMPUTE_ALL`] for the last, plain segment (which keeps everything).
+    /// [`Policy::RECOMPUTE_ALL`] for a kept segment and the last, plain one (which keep
+    /// everything).
     pub fn policy_of(&self, segment: usize) -> Policy {
         self.policies
             .get(segment)
@@ -82,7 +107,8 @@ impl Plan {
             .unwrap_or(Policy::RECOMPUTE_ALL)
     }
 
-    /// Number of segments (`cuts().len() + 1`); all but the last are checkpointed.
+    /// Number of segments (`cuts().len() + 1`); all but the last are checkpointed or
+    /// kept ([`Plan::mode`]).
     pub fn segments(&self) -> usize {
         self.cuts.len() + 1
     }
@@ -98,12 +124,12 @@ impl Plan {
     }
 
     /// The predicted extra time of a training step, in seconds: the recompute of every
-    /// stage before the last cut.
+    /// stage of a checkpointed segment.
     pub fn predicted_extra_seconds(&self) -> f64 {
         self.predicted_extra_seconds
     }
 
-    /// Number of stages recomputed in backward (those before the last cut).
+    /// Number of stages recomputed in backward (those of the checkpointed segments).
     pub fn recomputed_stages(&self) -> usize {
         self.recomputed_stages
     }
@@ -202,6 +228,21 @@ impl Plan {
         let last = self.segments() - 1;
         let ranges = self.ranges();
         for (j, r) in ranges.iter().enumerate().take(last) {
+            if self.mode(j) == SegmentMode::Kept {
+                let stages = &self.stage_costs[r.clone()];
+                let held: u64 = stages.iter().map(|s| s.kept_bytes).sum();
+                let saved: f64 = stages.iter().map(|s| s.forward_seconds).sum();
+                let _ = write!(
+                    out,
+                    "\n  segment {} (stages {}..{}): kept: runs once, holds {}, saves {} of recompute",
+                    j + 1,
+                    r.start,
+                    r.end,
+                    human_bytes(held),
+                    human_seconds(saved)
+                );
+                continue;
+            }
             let chosen = self.policy_of(j);
             let _ = write!(
                 out,
@@ -255,21 +296,23 @@ impl Plan {
         for (i, cost) in self.stage_costs.iter().enumerate() {
             let name = self.stage_names.get(i).map_or("", String::as_str);
             let segment = self.segment_of(i);
-            let (held, policy_kept, recompute) = if segment == last {
-                (
-                    format!("{} (plain)", segment + 1),
-                    "-".to_string(),
-                    "-".to_string(),
-                )
-            } else {
-                let p = self.policy_of(segment);
-                let (k, t) = cost.keep(p).unwrap_or((0, cost.forward_seconds));
-                (
-                    format!("{} (recomputed, {})", segment + 1, policy_name(p)),
-                    human_bytes(k),
-                    human_seconds(t),
-                )
-            };
+            let (held, policy_kept, recompute) =
+                if segment == last || !self.mode(segment).is_checkpointed() {
+                    let how = if segment == last { "plain" } else { "kept" };
+                    (
+                        format!("{} ({how})", segment + 1),
+                        "-".to_string(),
+                        "-".to_string(),
+                    )
+                } else {
+                    let p = self.policy_of(segment);
+                    let (k, t) = cost.keep(p).unwrap_or((0, cost.forward_seconds));
+                    (
+                        format!("{} (recomputed, {})", segment + 1, policy_name(p)),
+                        human_bytes(k),
+                        human_seconds(t),
+                    )
+                };
             let _ = write!(
                 out,
                 "\n  {i:>5}  {name:<width$}  {held:<26}  {:>11}  {:>11}  {:>11}  {policy_kept:>11}  {recompute:>11}",
@@ -288,7 +331,9 @@ impl Plan {
     /// that segment's policy swapped (`dp::evaluate`, as the planner's own figures).
     fn ruled_out(&self, segment: usize) -> Vec<String> {
         let chosen = self.policy_of(segment);
-        if self.allowed.len() < 2 || segment >= self.policies.len() {
+        if self.allowed.len() < 2
+            || !self.modes.get(segment).is_some_and(|m| m.is_checkpointed())
+        {
             return Vec::new();
         }
         let chain = ChainCost {
@@ -301,9 +346,9 @@ impl Plan {
         let same_time = |t: f64| (t - extra).abs() <= 1e-9 * extra.abs().max(t.abs());
         let mut out = Vec::new();
         for &p in self.allowed.iter().filter(|&&p| p != chosen) {
-            let mut policies = self.policies.clone();
-            policies[segment] = p;
-            let (p_peak, _, p_extra) = dp::evaluate(&chain, &self.cuts, &policies);
+            let mut modes = self.modes.clone();
+            modes[segment] = SegmentMode::Checkpointed(p);
+            let (p_peak, _, p_extra) = dp::evaluate(&chain, &self.cuts, &modes);
             let why = match self.budget_bytes {
                 Some(b) if p_peak > b => format!(
                     "would peak at {} > budget {}",
@@ -358,6 +403,16 @@ pub fn policy_name(policy: Policy) -> &'static str {
     }
 }
 
+/// A segment mode's name in plans: its policy's name ([`policy_name`]) when
+/// checkpointed, `kept`, `plain`.
+fn mode_name(mode: SegmentMode) -> &'static str {
+    match mode {
+        SegmentMode::Checkpointed(p) => policy_name(p),
+        SegmentMode::Kept => "kept",
+        SegmentMode::Plain => "plain",
+    }
+}
+
 /// `bytes` as `12.50 MiB` (binary units).
 pub(crate) fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -391,11 +446,20 @@ impl fmt::Display for Plan {
         let k = self.segments();
         writeln!(
             f,
-            "plan for {} stages: {} segment{} ({} checkpointed, the last plain)",
+            "plan for {} stages: {} segment{} ({} checkpointed, {}the last plain)",
             self.len,
             k,
             if k == 1 { "" } else { "s" },
-            k - 1
+            self.modes.iter().filter(|m| m.is_checkpointed()).count(),
+            match self
+                .modes
+                .iter()
+                .filter(|&&m| m == SegmentMode::Kept)
+                .count()
+            {
+                0 => String::new(),
+                n => format!("{n} kept, "),
+            }
         )?;
         writeln!(f, "  cuts: {:?}", self.cuts)?;
         let ranges: Vec<String> = self
@@ -404,20 +468,29 @@ impl fmt::Display for Plan {
             .map(|r| format!("{}..{}", r.start, r.end))
             .collect();
         writeln!(f, "  segments: {}", ranges.join(" | "))?;
-        if self.policies.iter().any(|&p| p != Policy::RECOMPUTE_ALL) {
-            let names: Vec<&str> = self.policies.iter().map(|&p| policy_name(p)).collect();
+        if self
+            .modes
+            .iter()
+            .any(|&m| m != SegmentMode::Checkpointed(Policy::RECOMPUTE_ALL))
+        {
+            let names: Vec<&str> = self.modes.iter().map(|&m| mode_name(m)).collect();
             writeln!(
                 f,
-                "  policies of the checkpointed segments: {}",
+                "  modes of the segments before the last: {}",
                 names.join(" | ")
             )?;
         }
         let phase = match self.peak_phase {
             Phase::Plain => "forward and backward of the plain segment".to_string(),
-            Phase::Recompute { segment } => {
+            Phase::Recompute { segment } | Phase::Kept { segment } => {
                 let r = &self.ranges()[segment];
+                let what = if matches!(self.peak_phase, Phase::Kept { .. }) {
+                    "forward and backward of kept"
+                } else {
+                    "recompute of"
+                };
                 format!(
-                    "recompute of segment {} of {k} (stages {}..{})",
+                    "{what} segment {} of {k} (stages {}..{})",
                     segment + 1,
                     r.start,
                     r.end

@@ -56,7 +56,7 @@ where
     run_chain(
         modules,
         &plan.ranges(),
-        plan.policies(),
+        plan.modes(),
         input,
         |m: &M, xs: &Tensor| m.forward(xs),
     )
@@ -99,7 +99,7 @@ where
     run_chain(
         modules,
         &plan.ranges(),
-        plan.policies(),
+        plan.modes(),
         input,
         move |m: &M, xs: &Tensor| m.forward_t(xs, train),
     )
@@ -264,7 +264,7 @@ impl SequentialPlanner {
         }
         let plan = self.f_plan(modules, input)?;
         check_len(modules.len(), plan)?;
-        run_chain(modules, &plan.ranges(), plan.policies(), input, step)
+        run_chain(modules, &plan.ranges(), plan.modes(), input, step)
     }
 
     /// [`SequentialPlanner::forward`] for [`ModuleT`] modules, with the train flag.
@@ -302,6 +302,6 @@ impl SequentialPlanner {
         }
         let plan = self.f_plan_t(modules, input, train)?;
         check_len(modules.len(), plan)?;
-        run_chain(modules, &plan.ranges(), plan.policies(), input, step)
+        run_chain(modules, &plan.ranges(), plan.modes(), input, step)
     }
 }

@@ -151,11 +151,7 @@ pub(super) fn constructor(model: &Model) -> TokenStream {
             let p = p.tokens();
             quote!(.with_policy(#p))
         });
-        let kept: Vec<String> = model.kept().map(|(_, item, _)| item.name()).collect();
-        let kept = (!kept.is_empty()).then(|| quote!(.with_kept(::std::vec![#(#kept),*])));
-        assigns.push(
-            quote!(__ckpt_plans: ::ckpt::__private::ModelPlans::new(#schedule) #policy #kept),
-        );
+        assigns.push(quote!(__ckpt_plans: ::ckpt::__private::ModelPlans::new(#schedule) #policy));
     }
     let doc = new_doc(model);
     quote! {

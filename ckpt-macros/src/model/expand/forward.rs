@@ -1,8 +1,8 @@
 //! The body of `__ckpt_forward`: the stages in order, or, for a checkpointed model, the
 //! chain cut as the schedule says for this call, every segment but the last through
-//! `::ckpt::__private::segment` with one shared shallow clone of the model; runs of
-//! `#[keep]` stages are taken out of their segments and run inline
-//! (`::ckpt::__private::split_kept`).
+//! `::ckpt::__private::segment` with one shared shallow clone of the model; segments the
+//! planner keeps, and runs of `#[keep]` stages taken out of their segments, run inline
+//! (`ModelPlans::segments`).
 
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
@@ -31,8 +31,7 @@ pub(super) fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
             #h
         };
     };
-    let (ranges, options, shared, k, range, name, count, guard, this, x, c) = (
-        mixed("__ckpt_ranges"),
+    let (options, shared, k, range, name, count, guard, this, x, c) = (
         mixed("__ckpt_options"),
         mixed("__ckpt_shared"),
         mixed("__ckpt_k"),
@@ -60,17 +59,16 @@ pub(super) fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
     } else {
         quote!(::core::option::Option::None)
     };
-    let (len, p_x, planned, r, e, policies) = (
+    let (len, p_x, planned, r, e) = (
         mixed("__ckpt_len"),
         mixed("__ckpt_px"),
         mixed("__ckpt_planned"),
         mixed("__ckpt_r"),
         mixed("__ckpt_e"),
-        mixed("__ckpt_policies"),
     );
     let ranges_expr = quote! {{
         let #len = self.__ckpt_len();
-        let #planned = self.__ckpt_plans.segments(#len, #xs, #key_train, || {
+        let #planned = self.__ckpt_plans.segments(#len, #xs, #key_train, |#i| self.__ckpt_kept(#i), || {
             ::ckpt::__private::profile_stages(&#options, #len, #xs, |#i: usize, #p_x: &#t| {
                 self.__ckpt_stage(#i, #t::shallow_clone(#p_x), #train, &#ctx)
             })
@@ -98,12 +96,9 @@ pub(super) fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
     quote! {
         let #ctx = self.__ckpt_context(#xs, #train);
         let #options = #new_options;
-        let (#ranges, #policies): (
-            ::std::vec::Vec<::core::ops::Range<usize>>,
-            ::std::vec::Vec<::ckpt::Policy>,
-        ) = #ranges_expr;
-        // `#[keep]` stages taken out of the checkpointed ranges: they run inline.
-        let #segs = ::ckpt::__private::split_kept(#ranges, &#policies, |#i| self.__ckpt_kept(#i));
+        // The schedule's or the plan's segments, kept ones and `#[keep]` stages inline.
+        let #segs: ::std::vec::Vec<(::core::ops::Range<usize>, ::core::option::Option<::ckpt::Policy>)> =
+            #ranges_expr;
         let #count = #segs.len();
         let mut #captured = ::core::option::Option::None;
         let mut #h = #t::shallow_clone(#xs);

@@ -75,30 +75,14 @@ fn methods(model: &Model) -> Vec<Method> {
          generators' states are saved and restored around it, so seeded runs stay \
          reproducible, but running statistics such as batch norm's are updated by it).{}",
         if kept {
-            " Stages marked `#[keep]` are not modelled: the figures are those of the cuts \
-             with the kept stages checkpointed like the others."
+            " Stages marked `#[keep]` are kept in every plan: the planner's, and a fixed \
+             schedule's (its segments split around them)."
         } else {
             ""
         }
     );
-    // With `#[keep]` stages an automatic schedule is refused (the planner does not model
-    // them).
-    let kept_auto_doc = kept.then(|| {
-        quote! {
-            ///
-            /// `CkptError::InvalidArgument` for an automatic schedule: the model has stages
-            /// marked `#[keep]`, which the planner does not model.
-        }
-    });
-    let auto_doc = if kept {
-        quote! {
-            /// `CkptError::InvalidArgument`: the model has stages marked `#[keep]`, which
-            /// the planner does not model.
-        }
-    } else {
-        quote! {
-            /// None in practice; `Result` for symmetry with the other setters.
-        }
+    let auto_doc = quote! {
+        /// None in practice; `Result` for symmetry with the other setters.
     };
     vec![
         Method {
@@ -120,7 +104,6 @@ fn methods(model: &Model) -> Vec<Method> {
                 /// `CkptError::InvalidArgument` for `Segments(0)`, cuts that are not strictly
                 /// increasing within `1..stages`, or a budget fraction that is not positive
                 /// and finite; the schedule is unchanged then.
-                #kept_auto_doc
             },
             sig: quote!(fn set_schedule(&mut self, schedule: #schedule) -> #result<(), #err>),
             body: quote! {
@@ -161,7 +144,9 @@ fn methods(model: &Model) -> Vec<Method> {
         Method {
             docs: quote! {
                 /// `set_schedule(Schedule::Cuts(plan.cuts()))`: the cuts of a plan (of
-                /// `plan_for`, or of `ChainCost::evaluate` on this model's profile).
+                /// `plan_for`, or of `ChainCost::evaluate` on this model's profile). Only
+                /// the cuts are taken: the segments run with the model's policy, and a
+                /// segment the plan keeps is checkpointed unless its stages are `#[keep]`.
                 ///
                 /// # Errors
                 ///
@@ -204,7 +189,6 @@ fn methods(model: &Model) -> Vec<Method> {
                 /// # Errors
                 ///
                 /// `CkptError::InvalidArgument` for a fraction that is not positive and finite.
-                #kept_auto_doc
             },
             sig: quote!(fn set_budget(&mut self, budget: ::ckpt::plan::Budget) -> #result<(), #err>),
             body: quote!(self.set_schedule(#schedule::Auto(::ckpt::plan::Objective::Budget(budget)))),
@@ -223,7 +207,7 @@ fn methods(model: &Model) -> Vec<Method> {
                 let #len = self.__ckpt_len();
                 let #ctx = self.__ckpt_context(#xs, #train_arg);
                 let #options = #new_options;
-                self.__ckpt_plans.plan(#len, #xs, #key_train, || {
+                self.__ckpt_plans.plan(#len, #xs, #key_train, |#i| self.__ckpt_kept(#i), || {
                     ::ckpt::__private::profile_stages(&#options, #len, #xs, |#i: usize, #p_x: &#t| {
                         self.__ckpt_stage(#i, #t::shallow_clone(#p_x), #train_arg, &#ctx)
                     })

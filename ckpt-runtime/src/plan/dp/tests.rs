@@ -1,8 +1,9 @@
 //! The dynamic programs against exhaustive search over cuts and per-segment policies
 //! (property tests), and their edge cases.
 
-use super::super::{Budget, ChainCost, KeepCost, Objective, PLANNED_POLICIES, StageCost};
+use super::super::{Budget, ChainCost, KeepCost, Objective, PLANNED_POLICIES, Plan, StageCost};
 use super::*;
+use crate::Policy;
 use proptest::prelude::*;
 
 /// Every cut set of `0..len`, as (peak, extra seconds).
@@ -38,7 +39,7 @@ fn stage() -> impl Strategy<Value = StageCost> {
 
 /// Chains of up to `max` stages drawn by `stage`, with random output and checkpoint
 /// bytes.
-fn chain_of(
+pub(super) fn chain_of(
     stage: impl Strategy<Value = StageCost>,
     max: usize,
 ) -> impl Strategy<Value = ChainCost> {
@@ -129,11 +130,11 @@ fn all_plans_with_policies(costs: &ChainCost) -> Vec<(u64, f64)> {
 }
 
 /// Seconds in quarters, so that every sum is exact and ties are real ties.
-fn quarters(max: u32) -> impl Strategy<Value = f64> {
+pub(super) fn quarters(max: u32) -> impl Strategy<Value = f64> {
     (0..=max * 4).prop_map(|q| f64::from(q) / 4.0)
 }
 
-fn keep_cost() -> impl Strategy<Value = Option<KeepCost>> {
+pub(super) fn keep_cost() -> impl Strategy<Value = Option<KeepCost>> {
     prop::option::weighted(
         0.8,
         (0u64..600, quarters(10)).prop_map(|(kept_bytes, recompute_seconds)| KeepCost {
@@ -143,7 +144,7 @@ fn keep_cost() -> impl Strategy<Value = Option<KeepCost>> {
     )
 }
 
-fn policy_stage() -> impl Strategy<Value = StageCost> {
+pub(super) fn policy_stage() -> impl Strategy<Value = StageCost> {
     (
         (0u64..1000, 0u64..1000, 0u64..300, 0u64..300),
         quarters(10),
@@ -193,30 +194,58 @@ proptest! {
     #[test]
     fn budget_with_policies_equals_exhaustive(costs in policy_chain(), sel in 0u64..1200) {
         let all = all_plans_with_policies(&costs);
-        let least = all.iter().map(|p| p.0).min().unwrap();
-        let plain = all[0].0;
-        let budget = if sel < 100 {
-            least.saturating_sub(sel)
-        } else {
-            least + (plain.max(least) - least) * (sel - 100) / 1000
-        };
-        let fits: Vec<_> = all.iter().filter(|p| p.0 <= budget).collect();
-        match costs.plan(&Objective::Budget(Budget::Bytes(budget))) {
-            Ok(plan) => {
-                let best_time = fits.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
-                let best_peak = fits.iter().filter(|p| p.1 == best_time).map(|p| p.0).min().unwrap();
-                prop_assert_eq!(plan.predicted_extra_seconds(), best_time);
-                prop_assert_eq!(plan.predicted_peak_bytes(), best_peak);
-                prop_assert!(plan.predicted_peak_bytes() <= budget);
-            }
-            Err(CkptError::BudgetTooSmall { budget_bytes, min_bytes }) => {
-                prop_assert!(fits.is_empty());
-                prop_assert_eq!(budget_bytes, budget);
-                prop_assert_eq!(min_bytes, least);
-            }
-            Err(e) => prop_assert!(false, "unexpected error {e}"),
-        }
+        let budget = budget_between(&all, sel);
+        let plan = costs.plan(&Objective::Budget(Budget::Bytes(budget)));
+        check_budget_plan(plan.as_ref(), &all, budget)?;
     }
+}
+
+/// A budget for property tests from the (peak, seconds) of every plan: below the least
+/// peak (infeasible unless `sel` = 0) for `sel < 100`, else between it and a tenth above
+/// the plain run's (`all[0]`).
+pub(super) fn budget_between(all: &[(u64, f64)], sel: u64) -> u64 {
+    let least = all.iter().map(|p| p.0).min().unwrap();
+    if sel < 100 {
+        least.saturating_sub(sel)
+    } else {
+        least + (all[0].0.max(least) - least) * (sel - 100) / 1000
+    }
+}
+
+/// Checks the planner's answer for `budget` against exhaustive search (`all`, the
+/// (peak, seconds) of every plan): the least time within the budget, then the least
+/// peak; too small a budget states the least peak.
+pub(super) fn check_budget_plan(
+    plan: Result<&Plan, &CkptError>,
+    all: &[(u64, f64)],
+    budget: u64,
+) -> Result<(), TestCaseError> {
+    let least = all.iter().map(|p| p.0).min().unwrap();
+    let fits: Vec<_> = all.iter().filter(|p| p.0 <= budget).collect();
+    match plan {
+        Ok(plan) => {
+            let best_time = fits.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+            let best_peak = fits
+                .iter()
+                .filter(|p| p.1 == best_time)
+                .map(|p| p.0)
+                .min()
+                .unwrap();
+            prop_assert_eq!(plan.predicted_extra_seconds(), best_time);
+            prop_assert_eq!(plan.predicted_peak_bytes(), best_peak);
+            prop_assert!(plan.predicted_peak_bytes() <= budget);
+        }
+        Err(&CkptError::BudgetTooSmall {
+            budget_bytes,
+            min_bytes,
+        }) => {
+            prop_assert!(fits.is_empty());
+            prop_assert_eq!(budget_bytes, budget);
+            prop_assert_eq!(min_bytes, least);
+        }
+        Err(e) => prop_assert!(false, "unexpected error {e}"),
+    }
+    Ok(())
 }
 
 /// Without the choice (a user-fixed policy), or without figures, every segment
@@ -272,7 +301,7 @@ fn no_policy_figures_or_no_choice_is_full_recompute() {
 
 /// A uniform chain: the stage `x + relu(linear(x))` of `tests/plan.rs`, in units of
 /// one activation (input 1, kept 2, forward temporaries 1, backward 1).
-fn residual_chain(len: usize) -> ChainCost {
+pub(super) fn residual_chain(len: usize) -> ChainCost {
     ChainCost::uniform(
         len,
         StageCost {
