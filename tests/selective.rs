@@ -302,7 +302,7 @@ fn contiguous_float_masks_of_many_sizes_match_plain() {
         let mut total = Tensor::zeros([], (Kind::Float, Device::Cpu));
         for (n, p) in [(8, 0.5), (9, 0.1), (1001, 0.1), (4096, 0.9), (4099, 0.3)] {
             let h = (x.narrow(0, 0, n) * w.narrow(0, 0, n)).dropout(p, true);
-            total = total + (&h * &h).sum(Kind::Float);
+            total += (&h * &h).sum(Kind::Float);
         }
         let d = (x.narrow(0, 0, 77) * w.narrow(0, 0, 77))
             .to_kind(Kind::Double)

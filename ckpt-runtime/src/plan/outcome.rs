@@ -331,9 +331,7 @@ impl Plan {
     /// that segment's policy swapped (`dp::evaluate`, as the planner's own figures).
     fn ruled_out(&self, segment: usize) -> Vec<String> {
         let chosen = self.policy_of(segment);
-        if self.allowed.len() < 2
-            || !self.modes.get(segment).is_some_and(|m| m.is_checkpointed())
-        {
+        if self.allowed.len() < 2 || !self.modes.get(segment).is_some_and(|m| m.is_checkpointed()) {
             return Vec::new();
         }
         let chain = ChainCost {
