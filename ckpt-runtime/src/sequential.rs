@@ -133,8 +133,8 @@ where
 }
 
 /// Runs `input` through `modules` grouped by `ranges` (contiguous, in order, covering
-/// `0..modules.len()`, at least one): every range but the last is a checkpointed
-/// segment, the last runs plainly. [`sequential_segments`] and the planner
+/// `0..modules.len()`, at least one): every range but the last is a segment that is
+/// checkpointed or kept, the last runs plainly. [`sequential_segments`] and the planner
 /// (`crate::plan`) make the ranges; segment `k` runs as `modes[k]` says: checkpointed
 /// with its policy, or kept (inline, with grad); full recompute where `modes` has no
 /// entry. Segments are named by

@@ -21,7 +21,7 @@
 //!   dtype, device, train flag). Every checkpointed model can change its [`Schedule`] at
 //!   run time (`set_schedule`, `set_segments`, `set_budget`, ..) and show its plan
 //!   (`plan_for`). Its planner may keep segments ([`ChainCost::plan_keeping`] with every
-//!   stage allowed), and keeps the stages marked `#[keep]` in every plan.
+//!   stage allowed, in chains of up to 64 stages), and keeps the stages marked `#[keep]` in every plan.
 //! - **`#[checkpointed(segments = auto)]` functions**: the statements but the last are
 //!   the stages, run over a type-erased environment of the values live between them
 //!   (the design is described in the docs of `#[checkpointed]`; their run time is in the

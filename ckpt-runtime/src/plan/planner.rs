@@ -21,8 +21,9 @@ fn check_len(modules: usize, plan: &Plan) -> Result<(), CkptError> {
     Ok(())
 }
 
-/// Runs `input` through `modules` in order, cut as `plan` says: every segment but the
-/// last is checkpointed, the last runs plainly. This is
+/// Runs `input` through `modules` in order, cut as `plan` says: each segment but the
+/// last runs as [`Plan::mode`] says (checkpointed with its policy, or kept: inline, with
+/// grad), the last runs plainly. This is
 /// [`checkpoint_sequential`](crate::checkpoint_sequential) with arbitrary cut points
 /// (a [`Plan`] from [`ChainCost::plan`](super::ChainCost::plan), or any cuts through [`ChainCost::evaluate`](super::ChainCost::evaluate)).
 ///
