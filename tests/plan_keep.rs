@@ -7,10 +7,10 @@
 mod common;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
-use ckpt::plan::{Objective, Plan, Schedule, SegmentMode};
-use ckpt::{ShallowClone, model};
+use ckpt::model;
+use ckpt::plan::{Objective, Schedule, SegmentMode};
+use common::residual::{Block, D, keeps, slow};
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
@@ -21,36 +21,7 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-const D: i64 = 64;
 const BATCH: i64 = 1024;
-
-/// `x + relu(linear(x))`, the block of `tests/plan.rs` (the cost model's figures for it
-/// are within a few percent of the measured ones).
-#[derive(Debug, ShallowClone)]
-struct Block {
-    lin: nn::Linear,
-}
-
-impl Block {
-    fn new(p: nn::Path) -> Self {
-        Block {
-            lin: nn::linear(p, D, D, Default::default()),
-        }
-    }
-}
-
-impl Module for Block {
-    fn forward(&self, xs: &Tensor) -> Tensor {
-        xs + xs.apply(&self.lin).relu()
-    }
-}
-
-/// Dear to recompute, cheap to keep: `tanh` (which keeps its output, one activation)
-/// that takes 150 ms, far above the blocks' times and their noise.
-fn slow(xs: &Tensor) -> Tensor {
-    std::thread::sleep(Duration::from_millis(150));
-    xs.tanh()
-}
 
 /// The chain, `$keep` on its block `first`: 12 stages, `slow, first, blocks[0..10]`.
 macro_rules! chain {
@@ -81,11 +52,6 @@ chain! {
     /// The block `first` (stage 1) marked `#[keep]`.
     #[checkpointed(segments = auto)]
     struct Forced { #[keep] }
-}
-
-/// Whether the plan keeps any segment.
-fn keeps(plan: &Plan) -> bool {
-    (0..plan.segments()).any(|j| plan.mode(j) == SegmentMode::Kept)
 }
 
 /// Peak tensor bytes above the baseline of one forward + backward with the loss

@@ -1,6 +1,9 @@
-//! Helpers shared by the integration tests: plain-vs-checkpointed gradient comparison.
+//! Helpers shared by the integration tests: plain-vs-checkpointed gradient comparison,
+//! and the residual chain of the kept-segment tests (`residual`).
 
 #![allow(dead_code)]
+
+pub mod residual;
 
 use tch::{Device, Kind, Tensor, nn};
 

@@ -500,6 +500,7 @@ pub(crate) fn find_loops(body: &mut Body) {
         let value = Expr::MethodCall(m.clone());
         body.stmts[n - 1] = syn::parse_quote!(let #name = #value;);
         body.stmts.push(Stmt::Expr(syn::parse_quote!(#name), None));
+        body.kept.push(false);
         body.tail_counts = false;
     }
     body.loops = body.stmts.iter().map(loop_unit).collect();

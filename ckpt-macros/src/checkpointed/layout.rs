@@ -18,8 +18,13 @@
 //! kept statements is taken out of its group (splitting the group around it) and becomes a
 //! group of its own that is not checkpointed (in the last group, which runs inline anyway,
 //! a mark changes nothing). Its value, and what its backward needs, stay alive as in the
-//! plain function; it is not recomputed. The other layouts reject the mark
-//! (the whole function is one segment; a run-time chain is cut by the planner).
+//! plain function; it is not recomputed. In a [`Layout::Runtime`] chain a kept statement
+//! is still a unit (a closure over the environment, under the same structural rules), but
+//! the run time never puts it in a checkpointed segment: `segments = N` takes it out of
+//! its segment as above, and the planner of `segments = auto` / `budget` must keep it (a
+//! kept layer loop keeps every iteration). Either way it runs once, so the side-effect
+//! rules do not apply to it. [`Layout::Whole`] rejects the mark (nothing runs between
+//! segments there).
 
 use std::ops::Range;
 
@@ -40,6 +45,9 @@ pub(crate) enum Layout {
     /// inline after the chain.
     Runtime(Schedule),
 }
+
+/// The error when every statement that could be checkpointed is marked `#[ckpt::keep]`.
+const NOTHING_LEFT: &str = "with the statements marked `#[ckpt::keep]` taken out, no segment is left to checkpoint (the last group runs inline anyway); keep fewer statements, or cut elsewhere";
 
 /// How a run-time chain is cut: `segments = N` over the stages counted at run time, or
 /// the planner's cuts.
@@ -64,6 +72,17 @@ impl Cut {
             Layout::Static | Layout::Runtime(_) => {
                 g + 1 < self.ranges.len() && !self.kept.get(g).copied().unwrap_or(false)
             }
+        }
+    }
+
+    /// Whether group `g` becomes a closure of its own, which takes its inputs and gives
+    /// back its outputs (the structural rules of a segment apply: no `?`, `return` or
+    /// `break` out of it, no `&mut` parameter into it): a checkpointed group, and every
+    /// unit of a run-time chain, kept or not (the last statement runs inline).
+    pub(crate) fn closure(&self, g: usize) -> bool {
+        match self.layout {
+            Layout::Runtime(_) => g + 1 < self.ranges.len(),
+            Layout::Whole | Layout::Static => self.checkpointed(g),
         }
     }
 
@@ -108,10 +127,7 @@ impl Cut {
             kept: flags,
         };
         if !(0..cut.ranges.len()).any(|g| cut.checkpointed(g)) {
-            cx.error_spanned_by(
-                &body.first_keep,
-                "with the statements marked `#[ckpt::keep]` taken out, no segment is left to checkpoint (the last group runs inline anyway); keep fewer statements, or cut elsewhere",
-            );
+            cx.error_spanned_by(&body.first_keep, NOTHING_LEFT);
             return None;
         }
         Some(cut)
@@ -155,13 +171,6 @@ pub(crate) fn resolve(
             return whole(body, args, cx);
         }
         (CutArg::Unspecified, Some(_)) => return markers(body, cx)?.with_kept(body, cx),
-        (CutArg::Given(Schedule::Auto(_), _), None) if body.first_keep.is_some() => {
-            cx.error_spanned_by(
-                &body.first_keep,
-                "`#[ckpt::keep]` cannot be combined with `segments = auto` or `budget`, which choose the cuts at run time; cut with `segments = N` or `ckpt::cut!()` markers to keep statements, or let the policy keep what is cheap to store (`policy = selective`)",
-            );
-            return None;
-        }
         (CutArg::Given(schedule, span), None) => (schedule, span),
     };
     body::split_chains(body, modules);
@@ -197,13 +206,6 @@ pub(crate) fn resolve(
                 .with_kept(body, cx)
         }
         _ => {
-            if let Some(keep) = &body.first_keep {
-                cx.error_spanned_by(
-                    keep,
-                    "`#[ckpt::keep]` in a function with a layer loop, whose stages are cut at run time: take the kept statement out of the function, or cut the function with `ckpt::cut!()` markers (a layer loop then stays whole in its segment)",
-                );
-                return None;
-            }
             if n < 2 {
                 cx.error_at(
                     span,
@@ -213,10 +215,18 @@ pub(crate) fn resolve(
                 );
                 return None;
             }
-            Some(Cut::new(
+            let mut cut = Cut::new(
                 Layout::Runtime(schedule),
                 (0..n).map(|i| i..i + 1).collect(),
-            ))
+            );
+            // One group per statement; the last runs inline anyway.
+            cut.kept = body.kept.clone();
+            cut.kept[n - 1] = false;
+            if cut.kept[..n - 1].iter().all(|&k| k) {
+                cx.error_spanned_by(&body.first_keep, NOTHING_LEFT);
+                return None;
+            }
+            Some(cut)
         }
     }
 }

@@ -1,10 +1,13 @@
 //! The static description of a `#[checkpointed]` function whose cuts are chosen at run time
-//! ([`FnChain`]) and how one call of it is cut: `segments = auto`, `budget = ".."`,
-//! `segments = auto`, `budget = ".."`, and `segments = N` over a body with a layer loop
-//! (whose number of iterations is only known then). Their statements are units over a
-//! type-erased environment; a layer loop is a unit with one stage per iteration; the
-//! chain of stages is cut as the schedule says (profiled once per input and planned for
-//! `auto` / `budget`, `ckpt_budget::sequential_ranges` for `segments = N`).
+//! ([`FnChain`]) and how one call of it is cut: `segments = auto`, `budget = ".."`, and
+//! `segments = N` over a body with a layer loop (whose number of iterations is only known
+//! then). Their statements are units over a type-erased environment; a layer loop is a
+//! unit with one stage per iteration; the chain of stages is cut as the schedule says
+//! (profiled once per input and planned for `auto` / `budget`, the planner keeping some
+//! segments where that saves recompute time within the budget;
+//! `ckpt_budget::sequential_ranges` for `segments = N`). A unit marked `#[ckpt::keep]`
+//! never runs in a checkpointed segment: the planner must keep it, and `segments = N`
+//! takes it out of its segment ([`split_kept`], as `model!` does).
 //!
 //! # The design
 //!
@@ -49,9 +52,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use tch::{Device, Kind};
 
 use super::env::{Env, StageFn};
+use super::model::{Segments, keeping, run_policies, split_kept};
 use super::registry::REGISTRY;
 use super::run::profile_env;
-use crate::Policy;
 use crate::checkpoint::CheckpointOptions;
 use crate::lock;
 use crate::plan::{Objective, Plan, allowed_policies};
@@ -144,6 +147,9 @@ pub struct Unit {
     pub defs: &'static [usize],
     /// A layer loop (its count comes from the call), not a statement.
     pub looped: bool,
+    /// Marked `#[ckpt::keep]`: its stages never run in a checkpointed segment (inline,
+    /// once, with grad; the planner must keep them).
+    pub kept: bool,
 }
 
 /// How a function's chain is cut.
@@ -184,6 +190,8 @@ pub(super) struct Stages {
     /// Per stage: the slots it uses and defines.
     pub(super) uses: Vec<&'static [usize]>,
     pub(super) defs: Vec<&'static [usize]>,
+    /// Per stage: its unit is marked `#[ckpt::keep]`.
+    pub(super) kept: Vec<bool>,
     /// `used_from[b][s]`: slot `s` is used by a stage `>= b` or by the last statement.
     pub(super) used_from: Vec<Vec<bool>>,
 }
@@ -196,17 +204,20 @@ impl Stages {
         let mut at = Vec::new();
         let mut uses = Vec::new();
         let mut defs = Vec::new();
+        let mut kept = Vec::new();
         for (u, unit) in chain.units.iter().enumerate() {
             for i in 0..counts[u] {
                 at.push((u, i));
                 uses.push(if i == 0 { unit.first_uses } else { unit.uses });
                 defs.push(unit.defs);
+                kept.push(unit.kept);
             }
         }
         if probe {
             at.push((chain.units.len(), 0));
             uses.push(chain.tail);
             defs.push(chain.tail_out);
+            kept.push(false);
         }
         let n = at.len();
         let mut used_from = vec![vec![false; chain.slots]; n + 1];
@@ -225,6 +236,7 @@ impl Stages {
             at,
             uses,
             defs,
+            kept,
             used_from,
         }
     }
@@ -318,9 +330,11 @@ impl FnChain {
         lock(plans)
     }
 
-    /// The segments of this call, as ranges of stages (the last runs inline, and the last
-    /// statement after it); `None` runs every stage inline.
-    pub(super) fn ranges(
+    /// The segments of this call: ranges of stages, each with the policy it is
+    /// checkpointed with, or `None` when it runs inline (the last, followed by the last
+    /// statement; a segment the planner keeps; a run of `#[ckpt::keep]` statements, taken
+    /// out of its range by [`split_kept`]). `None` runs every stage inline.
+    pub(super) fn segments(
         &'static self,
         options: &CheckpointOptions,
         stages: &Stages,
@@ -328,12 +342,13 @@ impl FnChain {
         counts: &[usize],
         env: &Env,
         what: &str,
-    ) -> Option<(Vec<Range<usize>>, Vec<Policy>)> {
+    ) -> Option<Segments> {
         if !crate::ffi::grad_enabled() {
             return None;
         }
         let n = stages.len();
-        match self.schedule {
+        let kept = |i: usize| stages.kept.get(i).copied().unwrap_or(false);
+        let (mut ranges, policies) = match self.schedule {
             ChainSchedule::Segments(segments) => {
                 let with_tail = n + usize::from(self.tail_counts);
                 let mut ranges = crate::sequential_segments(with_tail, segments)
@@ -344,8 +359,8 @@ impl FnChain {
                     let last = ranges.last_mut().expect("at least one range");
                     last.end -= 1;
                 }
-                let policies = vec![options.policy; ranges.len() - 1];
-                Some((ranges, policies))
+                let policies = vec![Some(options.policy); ranges.len() - 1];
+                (ranges, policies)
             }
             ChainSchedule::Auto(objective) => {
                 let key = FnKey::new(env, counts);
@@ -355,8 +370,10 @@ impl FnChain {
                     None if crate::is_recomputing() => return None,
                     None => {
                         let fixed = options.policy_set.then_some(options.policy);
+                        // As `model!`'s planner; the `#[ckpt::keep]` units must be kept.
+                        let keeping = keeping(n, kept);
                         let made = profile_env(self, stages, options, fns, env).and_then(|costs| {
-                            costs.plan_with(&objective, &allowed_policies(fixed))
+                            costs.plan_keeping(&objective, &allowed_policies(fixed), &keeping)
                         });
                         let names = (0..n).map(|i| stages.name(self, i)).collect();
                         let plan = made
@@ -368,23 +385,18 @@ impl FnChain {
                     }
                 };
                 debug_assert_eq!(plan.len(), n);
-                let mut ranges = plan.ranges();
-                if self.probed() {
-                    // The last stage is the last statement, profiled; it runs after the
-                    // chain, as the end of the plain segment.
-                    let last = ranges.last_mut().expect("at least one range");
-                    last.end -= 1;
-                }
-                // A set policy that the planner does not model was planned as full
-                // recompute; its segments still run with it.
-                let policies = if options.policy_set {
-                    vec![options.policy; ranges.len() - 1]
-                } else {
-                    plan.policies().to_vec()
-                };
-                Some((ranges, policies))
+                let fixed = options.policy_set.then_some(options.policy);
+                let policies = run_policies(&plan, fixed);
+                (plan.ranges(), policies)
             }
+        };
+        if self.probed() {
+            // The last stage is the last statement, profiled; it runs after the chain, as
+            // the end of the plain segment.
+            let last = ranges.last_mut().expect("at least one range");
+            last.end -= 1;
         }
+        Some(split_kept(ranges, &policies, kept))
     }
 
     /// Whether the last statement is profiled as the chain's last stage.

@@ -29,7 +29,7 @@ pub use env::{
     Env, KeyProbe, ProbePut, Slots, StageFn, ViaHash, ViaNoHash, ViaNoPut, ViaStashPut, Witness,
     iter_count, iter_range, put, put_param, stage, take,
 };
-pub use model::{ModelPlans, profile_stages, split_kept};
+pub use model::{MAX_KEEP_STAGES, ModelPlans, profile_stages, split_kept};
 pub(crate) use names::module_segment_name;
 pub use names::{chain_segment_name, segment_name, short_type_name};
 pub use registry::{FunctionPlan, clear_function_plans, explain, function_plans};

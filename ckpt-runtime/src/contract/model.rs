@@ -94,16 +94,8 @@ impl ModelPlans {
             let n = ranges.len().saturating_sub(1);
             (ranges, vec![Some(self.policy); n])
         };
-        let planned = |plan: &Plan| {
-            let policies = (0..plan.cuts().len())
-                .map(|j| match plan.mode(j) {
-                    SegmentMode::Checkpointed(_) if self.policy_fixed => Some(self.policy),
-                    SegmentMode::Checkpointed(p) => Some(p),
-                    SegmentMode::Kept | SegmentMode::Plain => None,
-                })
-                .collect();
-            (plan.ranges(), policies)
-        };
+        let fixed_policy = self.policy_fixed.then_some(self.policy);
+        let planned = |plan: &Plan| (plan.ranges(), run_policies(plan, fixed_policy));
         let key = InputKey::new(input, train);
         let (ranges, policies) = if let Some(r) = self.schedule.fixed_ranges(len)? {
             fixed(r)
@@ -184,13 +176,7 @@ impl ModelPlans {
         };
         match &self.schedule {
             Schedule::Auto(objective) => {
-                let may = if len <= MAX_KEEP_STAGES {
-                    Keeping::all(len)
-                } else {
-                    Keeping::none()
-                };
-                let keeping = may.with_forced(len, kept);
-                let plan = costs.plan_keeping(objective, &self.allowed(), &keeping)?;
+                let plan = costs.plan_keeping(objective, &self.allowed(), &keeping(len, kept))?;
                 lock(&self.plans).insert(key, plan.clone());
                 Ok(plan)
             }
@@ -208,6 +194,29 @@ impl ModelPlans {
             }
         }
     }
+}
+
+/// What an auto schedule's planner may keep in a chain of `len` stages: any stage, up to
+/// [`MAX_KEEP_STAGES`] stages (else none), and the stages marked keep (`kept(i)`) it must.
+pub(super) fn keeping(len: usize, kept: impl Fn(usize) -> bool) -> Keeping {
+    let may = if len <= MAX_KEEP_STAGES {
+        Keeping::all(len)
+    } else {
+        Keeping::none()
+    };
+    may.with_forced(len, kept)
+}
+
+/// How each segment of `plan` but the last runs: `Some(policy)` when checkpointed (with
+/// `fixed` when the user set a policy, which the planner may have planned as full
+/// recompute when it does not model it; else the planned one), `None` when kept.
+pub(super) fn run_policies(plan: &Plan, fixed: Option<Policy>) -> Vec<Option<Policy>> {
+    (0..plan.cuts().len())
+        .map(|j| match plan.mode(j) {
+            SegmentMode::Checkpointed(p) => Some(fixed.unwrap_or(p)),
+            SegmentMode::Kept | SegmentMode::Plain => None,
+        })
+        .collect()
 }
 
 /// The longest chain for which an auto schedule lets the planner keep any segment: its

@@ -17,7 +17,8 @@ use crate::{CkptError, memory};
 
 /// Runs the units of `chain` on `env` (`counts`: the number of iterations of each, 1 for a
 /// statement), cut as the schedule says for this call: every segment but the last through
-/// a checkpoint, the last inline. For `segments = auto` / `budget`, the first training
+/// a checkpoint, the last inline, and so are the segments the planner keeps and the runs
+/// of `#[ckpt::keep]` statements (once, with grad, between the checkpointed ones). For `segments = auto` / `budget`, the first training
 /// call for an input profiles and plans (`tail_probe`, the last statement as a closure
 /// that puts its value into the chain's `tail_out` slot, is profiled as the last stage);
 /// without grad, or inside a recompute when no plan is cached, every stage runs inline.
@@ -52,22 +53,30 @@ pub fn run_stages(
         fns.push(probe);
     }
     let stages = Stages::new(chain, counts, probed);
-    let (ranges, policies) = chain
-        .ranges(options, &stages, &fns, counts, env, &what)
+    let segments = chain
+        .segments(options, &stages, &fns, counts, env, &what)
         .unwrap_or_else(|| {
             let whole = 0..stages.len() - usize::from(probed);
-            (std::iter::once(whole).collect(), Vec::new())
+            vec![(whole, None)]
         });
-    let (last, checkpointed) = ranges.split_last().expect("at least one range");
-    if checkpointed.is_empty() {
-        for (u, r) in stages.pieces(last) {
-            fns[u](env, r);
+    if segments.iter().all(|(_, policy)| policy.is_none()) {
+        for (range, _) in &segments {
+            for (u, r) in stages.pieces(range) {
+                fns[u](env, r);
+            }
         }
         return;
     }
     let fns: Arc<[StageFn]> = fns.into();
-    let count = ranges.len();
-    for (k, range) in checkpointed.iter().enumerate() {
+    let count = segments.len();
+    for (k, (range, policy)) in segments.iter().enumerate() {
+        let Some(policy) = *policy else {
+            // Kept (by the planner or `#[ckpt::keep]`), or the last: inline, with grad.
+            for (u, r) in stages.pieces(range) {
+                fns[u](env, r);
+            }
+            continue;
+        };
         let (inputs, outputs) = stages.boundary(range);
         let input = Slots(
             inputs
@@ -100,15 +109,12 @@ pub fn run_stages(
         );
         let (fns, pieces, slots) = (Arc::clone(&fns), stages.pieces(range), chain.slots);
         let outputs_in = outputs.clone();
-        // The plan's policy for this segment (an auto schedule without a set policy
-        // chooses one per segment), else the options' own.
         let planned;
-        let options = match policies.get(k) {
-            Some(&p) if p != options.policy => {
-                planned = options.clone().policy(p);
-                &planned
-            }
-            _ => options,
+        let options = if policy == options.policy {
+            options
+        } else {
+            planned = options.clone().policy(policy);
+            &planned
         };
         let out: Slots = segment(
             options,
@@ -136,9 +142,6 @@ pub fn run_stages(
         for (s, slot) in out.0 {
             env.slots[s] = Some(slot);
         }
-    }
-    for (u, r) in stages.pieces(last) {
-        fns[u](env, r);
     }
 }
 

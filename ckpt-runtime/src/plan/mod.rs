@@ -21,11 +21,14 @@
 //!   dtype, device, train flag). Every checkpointed model can change its [`Schedule`] at
 //!   run time (`set_schedule`, `set_segments`, `set_budget`, ..) and show its plan
 //!   (`plan_for`). Its planner may keep segments ([`ChainCost::plan_keeping`] with every
-//!   stage allowed, in chains of up to 64 stages), and keeps the stages marked `#[keep]` in every plan.
+//!   stage allowed, in chains of up to [`MAX_KEEP_STAGES`] stages), and keeps the stages
+//!   marked `#[keep]` in every plan.
 //! - **`#[checkpointed(segments = auto)]` functions**: the statements but the last are
 //!   the stages, run over a type-erased environment of the values live between them
 //!   (the design is described in the docs of `#[checkpointed]`; their run time is in the
 //!   macro/runtime contract, `crate::contract`); [`function_plans`] lists their plans.
+//!   Their planner keeps segments as `model!`'s does, and keeps the statements marked
+//!   `#[ckpt::keep]` in every plan.
 //!
 //! # The schedule
 //!
@@ -283,5 +286,6 @@ pub use profile::{
 pub use schedule::Schedule;
 
 pub use crate::contract::{
-    FunctionPlan, MAX_PLANS_PER_FUNCTION, clear_function_plans, explain, function_plans,
+    FunctionPlan, MAX_KEEP_STAGES, MAX_PLANS_PER_FUNCTION, clear_function_plans, explain,
+    function_plans,
 };

@@ -231,15 +231,35 @@ impl Plan {
             if self.mode(j) == SegmentMode::Kept {
                 let stages = &self.stage_costs[r.clone()];
                 let held: u64 = stages.iter().map(|s| s.kept_bytes).sum();
-                let saved: f64 = stages.iter().map(|s| s.forward_seconds).sum();
+                // What checkpointing it would recompute at best, which the planner
+                // weighed against keeping it: the least recompute among the allowed
+                // policies, else (no policy figures) its forward time.
+                let best = self
+                    .allowed
+                    .iter()
+                    .filter_map(|&p| self.segment_keep(j, p).map(|(_, t)| (t, p)))
+                    .min_by(|a, b| a.0.total_cmp(&b.0));
+                let saved = match best {
+                    Some((t, p)) if self.allowed.len() > 1 => {
+                        format!(
+                            "{} of recompute (under {}, its cheapest policy)",
+                            human_seconds(t),
+                            policy_name(p)
+                        )
+                    }
+                    Some((t, _)) => format!("{} of recompute", human_seconds(t)),
+                    None => format!(
+                        "{} of recompute",
+                        human_seconds(stages.iter().map(|s| s.forward_seconds).sum())
+                    ),
+                };
                 let _ = write!(
                     out,
-                    "\n  segment {} (stages {}..{}): kept: runs once, holds {}, saves {} of recompute",
+                    "\n  segment {} (stages {}..{}): kept: runs once, holds {}, saves {saved}",
                     j + 1,
                     r.start,
                     r.end,
                     human_bytes(held),
-                    human_seconds(saved)
                 );
                 continue;
             }

@@ -111,7 +111,7 @@ pub(super) fn stash(
             carried: mutated.clone(),
             checkpointed: cut.checkpointed(g),
         };
-        if cut.checkpointed(g) {
+        if cut.closure(g) {
             for (name, span) in &walk.uses {
                 let Some((binding, kind)) = bound_before[g].get(name) else {
                     continue; // not a binding of this function (a function, a constant, ..)
@@ -125,7 +125,14 @@ pub(super) fn stash(
                         continue;
                     }
                     Some(ParamKind::RefMut) => {
-                        rules::ref_mut_enters(name, *span, cut.layout, g, count, cx);
+                        rules::ref_mut_enters(
+                            name,
+                            *span,
+                            (cut.layout, !cut.checkpointed(g)),
+                            g,
+                            count,
+                            cx,
+                        );
                         continue;
                     }
                     Some(k) if k.by_ref() => Pass::ByRef(*k),

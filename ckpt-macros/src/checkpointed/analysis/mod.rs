@@ -189,7 +189,11 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
             Layout::Static if !checkpointed => format!("group {} of {count} (inline)", g + 1),
             Layout::Static => format!("segment {} of {count}", g + 1),
         };
-        let mut walker = Walker::new(cx, checkpointed, label, &fn_name);
+        // A kept unit of a run-time chain is a closure (the structural rules apply) that
+        // runs once (the side-effect rules do not).
+        let closure = cut.closure(g);
+        let mut walker = Walker::new(cx, closure, label, &fn_name);
+        walker.once = closure && !checkpointed;
         walker.runtime = runtime;
         walker.whole = matches!(cut.layout, Layout::Whole);
         walker.outer = bound.iter().map(|(n, (_, k))| (n.clone(), *k)).collect();
@@ -197,11 +201,11 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
             walker.walk_stmt(stmt, true);
         }
         let mut walk = walker.finish();
-        if let (true, Some(q)) = (checkpointed, walk.fallible) {
-            rules::check_fallible(q, cut.layout, g, count, &func.sig, cx);
+        if let (true, Some(q)) = (closure, walk.fallible) {
+            rules::check_fallible(q, (cut.layout, !checkpointed), g, count, &func.sig, cx);
         }
         if runtime
-            && checkpointed
+            && closure
             && let Some(unit) = &loops[g]
         {
             loops::check_loop(unit, &bound, params.len(), &fn_name, cx);

@@ -22,7 +22,7 @@ use crate::ctxt::Ctxt;
 impl Walker<'_> {
     /// Reports `message` at `tokens` when the rules apply here and `rule` is not lifted.
     pub(super) fn violation(&mut self, rule: Rule, tokens: impl quote::ToTokens, message: String) {
-        if self.check && !self.allowed.contains(&rule) {
+        if self.check && !self.once && !self.allowed.contains(&rule) {
             self.cx.error_spanned_by(tokens, message);
         }
     }
@@ -194,9 +194,10 @@ impl Walker<'_> {
     pub(super) fn control_flow(&mut self, node: impl quote::ToTokens, what: &str) {
         if self.check && self.runtime {
             let message = format!(
-                "{what} in {segment} of `{f}` would leave the statement's stage closure, not `{f}`: with `segments = auto`, `budget`, or `segments = N` over a layer loop, any statement but the last may be checkpointed; move it into the last statement, which runs inline, or use `ckpt::cut!()` markers",
+                "{what} in {segment} of `{f}` would leave the statement's stage closure, not `{f}`: with `segments = auto`, `budget`, or `segments = N` over a layer loop, any statement but the last may be checkpointed; move it into the last statement, which runs inline, or use `ckpt::cut!()` markers{kept}",
                 segment = self.segment,
                 f = self.fn_name,
+                kept = kept_note(self.once),
             );
             self.cx.error_spanned_by(node, message);
         } else if self.check {
@@ -276,7 +277,7 @@ impl Walker<'_> {
 /// `Option`, a segment's early exit is an error `Option` cannot carry.
 pub(super) fn check_fallible(
     q: Span,
-    layout: Layout,
+    (layout, kept): (Layout, bool),
     g: usize,
     count: usize,
     sig: &syn::Signature,
@@ -287,8 +288,9 @@ pub(super) fn check_fallible(
         Layout::Runtime(_) => cx.error_at(
             q,
             format!(
-                "`?` in statement {} of {count} of `{fn_name}`: with `segments = auto`, `budget`, or `segments = N` over a layer loop, the cuts are chosen at run time and any statement but the last may be checkpointed, leaving no segment to return the error from; move the `?` into the last statement, which runs inline, or use `ckpt::cut!()` markers, which support `?`",
-                g + 1
+                "`?` in statement {} of {count} of `{fn_name}`: with `segments = auto`, `budget`, or `segments = N` over a layer loop, the cuts are chosen at run time and any statement but the last may be checkpointed, leaving no segment to return the error from; move the `?` into the last statement, which runs inline, or use `ckpt::cut!()` markers, which support `?`{}",
+                g + 1,
+                kept_note(kept),
             ),
         ),
         Layout::Whole | Layout::Static if returns_option(sig) => {
@@ -319,15 +321,16 @@ pub(super) fn check_fallible(
 pub(super) fn ref_mut_enters(
     name: &str,
     span: Span,
-    layout: Layout,
+    (layout, kept): (Layout, bool),
     g: usize,
     count: usize,
     cx: &mut Ctxt,
 ) {
     let message = match layout {
         Layout::Runtime(_) => format!(
-            "`&mut` parameter `{name}` in statement {} of {count}: with `segments = auto`, `budget`, or `segments = N` over a layer loop, any statement but the last may be checkpointed, and a checkpointed statement runs again in backward, so it must not mutate what it did not create; use `{name}` in the last statement only, which runs inline, or pass `&{name}`",
-            g + 1
+            "`&mut` parameter `{name}` in statement {} of {count}: with `segments = auto`, `budget`, or `segments = N` over a layer loop, any statement but the last may be checkpointed, and a checkpointed statement runs again in backward, so it must not mutate what it did not create; use `{name}` in the last statement only, which runs inline, or pass `&{name}`{}",
+            g + 1,
+            kept_note(kept),
         ),
         Layout::Whole => format!(
             "`&mut` parameter `{name}` cannot enter the checkpointed function: it runs again in backward and must not mutate what it did not create; pass `&{name}`, or use `segments = N` or `ckpt::cut!()` markers so that `{name}` is used in the last segment, which runs inline"
@@ -338,6 +341,16 @@ pub(super) fn ref_mut_enters(
         ),
     };
     cx.error_at(span, message);
+}
+
+/// The end of a structural rule's message on a `#[ckpt::keep]` statement of a run-time
+/// chain (`kept`), which is never recomputed but is still a stage closure.
+fn kept_note(kept: bool) -> &'static str {
+    if kept {
+        " (the statement is marked `#[ckpt::keep]` and is never recomputed, but in a function whose cuts are chosen at run time it still runs as a stage closure, between the segments; with `ckpt::cut!()` markers a kept statement runs inline in the function)"
+    } else {
+        ""
+    }
 }
 
 /// Whether the function is written to return `Option<..>` (syntactically).

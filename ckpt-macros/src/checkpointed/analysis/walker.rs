@@ -45,7 +45,8 @@ pub(super) struct Walk {
 pub(super) struct Walker<'c> {
     /// Where rule violations go.
     pub(super) cx: &'c mut Ctxt,
-    /// Whether side-effect rules apply (checkpointed group).
+    /// Whether the rules of a segment apply (a group that is a closure of its own;
+    /// [`Walker::once`] lifts the side-effect ones).
     pub(super) check: bool,
     /// "segment 2 of 3", for messages.
     pub(super) segment: String,
@@ -80,6 +81,10 @@ pub(super) struct Walker<'c> {
     pub(super) runtime: bool,
     /// The whole function is the segment: `return` leaves it as it leaves the function.
     pub(super) whole: bool,
+    /// The group is a closure that runs once (a `#[ckpt::keep]` unit of a run-time
+    /// chain): the side-effect rules ([`Walker::violation`]) do not apply, the structural
+    /// ones (control flow leaving it) do.
+    pub(super) once: bool,
     /// The bindings of the function defined before this group (parameters and top-level
     /// `let`s), with the kind of the parameters and reference `let`s among them.
     pub(super) outer: HashMap<String, Option<ParamKind>>,
@@ -92,7 +97,7 @@ pub(super) struct Walker<'c> {
 
 impl<'c> Walker<'c> {
     /// A walker of a group labelled `segment` in messages ("segment 2 of 3"); `check`:
-    /// whether the side-effect rules apply (a checkpointed group).
+    /// whether the rules of a segment apply (a group that is a closure of its own).
     pub(super) fn new(cx: &'c mut Ctxt, check: bool, segment: String, fn_name: &'c str) -> Self {
         Walker {
             cx,
@@ -111,6 +116,7 @@ impl<'c> Walker<'c> {
             loops: Vec::new(),
             runtime: false,
             whole: false,
+            once: false,
             outer: HashMap::new(),
             ref_defs: HashMap::new(),
             module_defs: HashMap::new(),

@@ -304,6 +304,8 @@ pub(super) fn expand_runtime(
             };
         });
         let name = unit_label(plan, i);
+        // A `#[ckpt::keep]` unit: never in a checkpointed segment.
+        let kept = !g.checkpointed;
         units_table.push(quote! {
             ::ckpt::__private::Unit {
                 name: #name,
@@ -311,6 +313,7 @@ pub(super) fn expand_runtime(
                 uses: &[#(#later_slots),*],
                 defs: &[#(#out_slots),*],
                 looped: #looped,
+                kept: #kept,
             }
         });
     }

@@ -2,7 +2,9 @@
 //! modes (checkpointed with each policy, or kept) under random keep constraints, and the
 //! cost model of a kept segment worked by hand.
 
-use super::super::{Budget, ChainCost, Keeping, Objective, PLANNED_POLICIES, SegmentMode};
+use super::super::{
+    Budget, ChainCost, KeepCost, Keeping, Objective, PLANNED_POLICIES, SegmentMode,
+};
 use super::tests::{budget_between, chain_of, check_budget_plan, policy_stage, residual_chain};
 use crate::{CkptError, Policy};
 use proptest::prelude::*;
@@ -192,6 +194,23 @@ fn planner_keeps_within_a_budget_and_forced_stages() {
     );
     assert!(
         text.contains("(1 checkpointed, 1 kept, the last plain)"),
+        "{text}"
+    );
+    // With a cheaper policy allowed, the saving explain states is that policy's recompute,
+    // which is what the planner weighed keeping against, not the forward's 10 s.
+    let mut cheap = costs.clone();
+    cheap.stages[0].selective = Some(KeepCost {
+        kept_bytes: 0,
+        recompute_seconds: 4.0,
+    });
+    let both = [Policy::RECOMPUTE_ALL, Policy::selective()];
+    let kept = cheap.plan_keeping(&budget, &both, &all).unwrap();
+    assert_eq!(kept.mode(0), SegmentMode::Kept, "{kept}");
+    let text = kept.explain();
+    assert!(
+        text.contains(
+            "segment 1 (stages 0..1): kept: runs once, holds 2 B, saves 4.000 s of recompute (under selective, its cheapest policy)"
+        ),
         "{text}"
     );
     // Stage 1 forced kept: in every plan, its segment is kept or the plain one.
