@@ -88,6 +88,7 @@ forward!(budget80, (budget = "80%"));
 forward!(forced_min_peak, (segments = auto), ckpt::keep);
 forward!(forced_budget50, (budget = "50%"), ckpt::keep);
 forward!(forced_segments3, (segments = 3), ckpt::keep);
+forward!(forced_impossible, (budget = "10%"), ckpt::keep);
 
 impl Net {
     /// The blocks as a `fold`, kept whole: every iteration runs once.
@@ -235,6 +236,14 @@ fn kept_plans_give_the_plain_gradients_and_marked_statements_run_once() {
         if forced && !name.ends_with("segments3") {
             let plan = plan_of(&s, name);
             assert!(!plan.mode(plan.segment_of(1)).is_checkpointed(), "{plan}");
+            assert!(plan.marked_keep(1) && !plan.marked_keep(0), "{plan}");
+            // `explain` says the statement is kept because it is marked.
+            let text = plan.explain();
+            assert!(
+                text.contains("kept (marked keep): runs once")
+                    || text.contains("(plain, marked keep)"),
+                "{text}"
+            );
         }
     }
     // Without the mark, min-peak recomputes the statement of `first` (it is checkpointed).
@@ -265,4 +274,22 @@ fn a_kept_fold_runs_each_iteration_once() {
             "{plan}"
         );
     }
+}
+
+/// A budget that the marked statement alone makes impossible: the panic names the mark.
+#[test]
+fn an_impossible_budget_says_the_marked_statements_are_kept() {
+    let _serial = serial();
+    let s = setup(3, 256);
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Net::forced_impossible(&s.net, &s.x)
+    }))
+    .expect_err("10 % of the plain peak cannot be met");
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.starts_with("Net::forced_impossible (")
+            && message.contains("% of the plain run's peak) is too small")
+            && message.contains("the smallest feasible peak of this chain with the stages marked keep kept (every plan keeps them; unmark some to go lower) is"),
+        "{message}"
+    );
 }

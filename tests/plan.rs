@@ -239,10 +239,12 @@ fn impossible_budget_names_the_smallest_feasible_one() {
         err,
         ckpt::CkptError::BudgetTooSmall {
             budget_bytes: 1 << 20,
-            min_bytes: least
+            min_bytes: least,
+            plain_bytes: costs.plain_peak_bytes().unwrap(),
+            marked_keep: false,
         }
     );
-    assert!(err.to_string().contains(&format!("({least} B)")), "{err}");
+    assert!(err.to_string().contains(&format!("({least} B, ")), "{err}");
     assert!(costs.plan_within(Budget::Bytes(least)).is_ok());
 }
 

@@ -341,8 +341,9 @@ fn impossible_budget_panics_with_the_smallest_feasible_one() {
     let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(
         message.starts_with("Net::impossible (")
+            && message.contains("memory budget of 1.00 KiB (1024 B, ")
             && message.contains(
-                "memory budget of 1.00 KiB (1024 B) is too small: the smallest feasible peak of this chain is"
+                " % of the plain run's peak) is too small: the smallest feasible peak of this chain is"
             ),
         "{message}"
     );

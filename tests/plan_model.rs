@@ -187,14 +187,20 @@ fn impossible_budget_is_an_error_stating_the_smallest_feasible_one() {
     let vs = nn::VarStore::new(Device::Cpu);
     let mut chain = Chain::new(vs.root(), WIDTH, 16);
     let x = Tensor::randn([256, WIDTH], (Kind::Float, Device::Cpu));
-    let least = chain.plan_for(&x).unwrap().predicted_peak_bytes();
+    let least_peak = chain.plan_for(&x).unwrap();
+    let (least, plain) = (
+        least_peak.predicted_peak_bytes(),
+        least_peak.plain_peak_bytes(),
+    );
     chain.set_budget(Budget::Bytes(least - 1)).unwrap();
     let err = chain.plan_for(&x).unwrap_err();
     assert_eq!(
         err,
         CkptError::BudgetTooSmall {
             budget_bytes: least - 1,
-            min_bytes: least
+            min_bytes: least,
+            plain_bytes: plain,
+            marked_keep: false,
         }
     );
     // The forward panics with the same message, naming the model.
@@ -204,7 +210,10 @@ fn impossible_budget_is_an_error_stating_the_smallest_feasible_one() {
     assert!(
         message.starts_with("Chain::forward: memory budget of")
             && message.contains("smallest feasible peak of this chain is ")
-            && message.ends_with(&format!("({least} B)")),
+            && message.ends_with(&format!(
+                "({least} B, {:.1} % of the plain run's peak)",
+                100.0 * least as f64 / plain as f64
+            )),
         "{message}"
     );
     chain.set_budget(Budget::Bytes(least)).unwrap();

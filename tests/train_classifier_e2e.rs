@@ -318,6 +318,37 @@ fn a_budget_run_lets_the_planner_choose_cuts_and_policies() {
         stdout.contains("budget 50% of the plain run's peak, policies chosen by the planner"),
         "{stdout}"
     );
+    // Each planner's run records the plan it trained with: its segments' modes end with
+    // the plain one, and a fixed policy's run checkpoints with that policy only.
+    assert!(runs[0]["plan"].is_null());
+    for (run, allowed) in runs[1..].iter().zip([
+        &["kept", "full", "masks", "selective"][..],
+        &["kept", "full"][..],
+    ]) {
+        let plan = &run["plan"];
+        let cuts = plan["cuts"].as_array().unwrap();
+        let modes: Vec<&str> = plan["modes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_str().unwrap())
+            .collect();
+        assert_eq!(modes.len(), cuts.len() + 1, "{plan}");
+        assert_eq!(modes.last(), Some(&"plain"), "{plan}");
+        assert!(
+            modes[..cuts.len()].iter().all(|m| allowed.contains(m)),
+            "{plan}"
+        );
+        assert!(plan["predicted_peak_bytes"].as_u64().unwrap() > 0, "{plan}");
+    }
+    assert!(
+        stdout.contains("budget (auto): trained with cuts ["),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("budget (full): trained with cuts ["),
+        "{stdout}"
+    );
 
     let out = run(&["--quick", "--policy", "auto"]);
     assert!(!out.status.success());
@@ -551,8 +582,8 @@ fn nproc_2_plans_the_budget_on_each_ranks_share() {
     assert!(
         stderr.contains("budget 56% of the plain run's peak, --policy full")
             && stderr.contains(
-                "memory budget of 225.40 KiB (230809 B) is too small: the smallest feasible \
-                 peak of this chain is 227.38 KiB (232832 B)"
+                "memory budget of 225.40 KiB (230809 B, 56.0 % of the plain run's peak) is too \
+                 small: the smallest feasible peak of this chain is 227.38 KiB (232832 B, 56."
             ),
         "stderr:\n{stderr}"
     );

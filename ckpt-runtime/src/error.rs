@@ -56,18 +56,47 @@ pub enum CkptError {
 
     /// No plan of the chain fits the memory budget (`ckpt::plan`): even the plan with the
     /// least predicted peak needs `min_bytes`.
-    #[error(
-        "memory budget of {budget} ({budget_bytes} B) is too small: the smallest feasible peak of this chain is {min} ({min_bytes} B)",
-        budget = crate::plan::human_bytes(*.budget_bytes),
-        min = crate::plan::human_bytes(*.min_bytes)
-    )]
+    #[error("{}", budget_too_small(*.budget_bytes, *.min_bytes, *.plain_bytes, *.marked_keep))]
     BudgetTooSmall {
         /// The budget asked for, in bytes.
         budget_bytes: u64,
         /// The least predicted peak over all plans, in bytes: the smallest budget that
         /// can be met.
         min_bytes: u64,
+        /// The predicted peak of the plain run (nothing checkpointed), in bytes; 0 when
+        /// unknown.
+        plain_bytes: u64,
+        /// Whether stages marked keep (`model!`'s `#[keep]`, `#[ckpt::keep]`), which
+        /// every plan must keep, raise that least peak.
+        marked_keep: bool,
     },
+}
+
+/// The message of [`CkptError::BudgetTooSmall`]: the bytes, and their share of the plain
+/// run's peak when known (a budget is often given as one).
+fn budget_too_small(budget: u64, min: u64, plain: u64, marked_keep: bool) -> String {
+    let share = |b: u64| {
+        if plain == 0 {
+            String::new()
+        } else {
+            format!(
+                ", {:.1} % of the plain run's peak",
+                100.0 * b as f64 / plain as f64
+            )
+        }
+    };
+    let keep = if marked_keep {
+        " with the stages marked keep kept (every plan keeps them; unmark some to go lower)"
+    } else {
+        ""
+    };
+    format!(
+        "memory budget of {} ({budget} B{}) is too small: the smallest feasible peak of this chain{keep} is {} ({min} B{})",
+        crate::plan::human_bytes(budget),
+        share(budget),
+        crate::plan::human_bytes(min),
+        share(min),
+    )
 }
 
 impl From<tch::TchError> for CkptError {

@@ -273,6 +273,7 @@ fn main() -> Result<()> {
          the bytes live before it, from ckpt::memory (exact); step s: median wall time"
     );
     print!("{}", report::table(&runs));
+    print!("{}", report::plan_lines(&runs));
     let ddp_diff = runs
         .iter()
         .filter_map(|r| r.ddp_max_param_diff)

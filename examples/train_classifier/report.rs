@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context, Result, anyhow};
+use ckpt::plan::{Plan, SegmentMode};
 use plotters::prelude::*;
 use serde::Serialize;
 
@@ -118,6 +119,68 @@ pub struct RunJson {
     /// This data-parallel run's largest parameter difference against its
     /// single-process reference (`null` for a single process).
     pub ddp_max_param_diff: Option<f64>,
+    /// The planner's plan the run trained with (`null` unless `--segments auto` or
+    /// `--budget` cut it).
+    pub plan: Option<PlanJson>,
+}
+
+/// A plan in [`RunJson::plan`]: the model's stages (the embedding stages, then one per
+/// block, then the head) cut into segments.
+#[derive(Debug, Serialize)]
+pub struct PlanJson {
+    /// Stages.
+    pub stages: usize,
+    /// The first stage of every segment but the first.
+    pub cuts: Vec<usize>,
+    /// How each segment runs: `kept`, a checkpointed segment's policy (`full`, `masks`,
+    /// `selective`), and `plain` for the last.
+    pub modes: Vec<String>,
+    /// The cost model's peak of a step's forward and backward, bytes.
+    pub predicted_peak_bytes: u64,
+    /// The cost model's recompute time of a step, seconds.
+    pub predicted_extra_seconds: f64,
+}
+
+impl From<&Plan> for PlanJson {
+    fn from(plan: &Plan) -> Self {
+        PlanJson {
+            stages: plan.len(),
+            cuts: plan.cuts().to_vec(),
+            modes: modes(plan),
+            predicted_peak_bytes: plan.predicted_peak_bytes(),
+            predicted_extra_seconds: plan.predicted_extra_seconds(),
+        }
+    }
+}
+
+/// How each segment of `plan` runs, as [`PlanJson::modes`] names it.
+fn modes(plan: &Plan) -> Vec<String> {
+    (0..plan.segments())
+        .map(|j| match plan.mode(j) {
+            SegmentMode::Kept => "kept".to_owned(),
+            SegmentMode::Plain => "plain".to_owned(),
+            SegmentMode::Checkpointed(p) => ckpt::plan::policy_name(p).to_owned(),
+        })
+        .collect()
+}
+
+/// One line per run the planner cut: the plan it trained with.
+pub fn plan_lines(runs: &[RunResult]) -> String {
+    let mut out = String::new();
+    for r in runs {
+        if let Some(plan) = &r.plan {
+            let _ = writeln!(
+                out,
+                "{} ({}): trained with cuts {:?}, segments {} (predicted peak {:.1} MiB)",
+                r.name,
+                r.policy,
+                plan.cuts(),
+                modes(plan).join(" | "),
+                plan.predicted_peak_bytes() as f64 / MIB
+            );
+        }
+    }
+    out
 }
 
 /// One rank in [`RunJson::ranks`].
@@ -170,6 +233,7 @@ impl RunJson {
             rows_per_step: run.rows_per_step,
             ranks: run.ranks.iter().map(RankJson::from).collect(),
             ddp_max_param_diff: run.ddp_max_param_diff,
+            plan: run.plan.as_ref().map(PlanJson::from),
         }
     }
 }

@@ -102,6 +102,10 @@ pub struct RunResult {
     /// Largest absolute difference between this data-parallel run's parameters after
     /// training and its single-process reference's (`None` unless computed).
     pub ddp_max_param_diff: Option<f64>,
+    /// The planner's plan this run trained with, for its first batch's shape (`None`
+    /// unless the planner cut it: `--segments auto` or `--budget`). The planner weighs
+    /// measured times, so two runs, or `--explain`'s plans, may differ.
+    pub plan: Option<ckpt::plan::Plan>,
 }
 
 /// What one rank measured in a run.
@@ -175,6 +179,8 @@ struct Run {
     bar: ProgressBar,
     result: RunResult,
     epoch_seconds: Vec<f64>,
+    /// The planner cuts the model ([`Strategy::Auto`]).
+    planned: bool,
 }
 
 impl Run {
@@ -245,8 +251,10 @@ impl Run {
                 ranks: Vec::new(),
                 final_params: Vec::new(),
                 ddp_max_param_diff: None,
+                plan: None,
             },
             epoch_seconds: Vec::new(),
+            planned: matches!(strategy, Strategy::Auto(_)),
         })
     }
 
@@ -305,6 +313,13 @@ impl Run {
             loss = t.double_value(&[0]);
         }
 
+        if first
+            && self.planned
+            && let Some((_, xs, _)) = shares.first()
+        {
+            // The plan the first step made and ran (cached for this input shape).
+            self.result.plan = Some(self.model.plan_for(xs, true)?);
+        }
         let r = &mut self.result;
         r.step_seconds.push(seconds);
         if first {

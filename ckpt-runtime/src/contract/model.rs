@@ -184,13 +184,13 @@ impl ModelPlans {
                 let ranges = fixed.fixed_ranges(len)?.expect("a fixed schedule");
                 let policy = self.allowed()[0];
                 let n = ranges.len().saturating_sub(1);
-                let segments = split_kept(ranges, &vec![Some(policy); n], kept);
+                let segments = split_kept(ranges, &vec![Some(policy); n], &kept);
                 let cuts: Vec<usize> = segments[1..].iter().map(|(r, _)| r.start).collect();
                 let modes: Vec<SegmentMode> = segments[..segments.len() - 1]
                     .iter()
                     .map(|(_, p)| p.map_or(SegmentMode::Kept, SegmentMode::Checkpointed))
                     .collect();
-                costs.evaluate_with_modes(&cuts, &modes)
+                Ok(costs.evaluate_with_modes(&cuts, &modes)?.with_marked(kept))
             }
         }
     }

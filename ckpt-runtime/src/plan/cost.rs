@@ -302,17 +302,32 @@ impl ChainCost {
             Objective::MinPeak => None,
             Objective::Budget(b) => Some(b.bytes(plain)?),
         };
-        let (cuts, modes) =
+        let planned =
             if !keeping.any() && (policies == [Policy::RECOMPUTE_ALL] || !dp::has_policies(self)) {
                 // No figures: every policy costs what full recompute does; the first is taken.
-                let cuts = dp::plan(self, budget)?;
-                let modes = vec![SegmentMode::Checkpointed(policies[0]); cuts.len()];
-                (cuts, modes)
+                dp::plan(self, budget).map(|cuts| {
+                    let modes = vec![SegmentMode::Checkpointed(policies[0]); cuts.len()];
+                    (cuts, modes)
+                })
             } else {
-                dp::plan_with_modes(self, budget, policies, keeping)?
+                dp::plan_with_modes(self, budget, policies, keeping)
             };
+        let (cuts, modes) = planned.map_err(|e| match e {
+            CkptError::BudgetTooSmall {
+                budget_bytes,
+                min_bytes,
+                ..
+            } => CkptError::BudgetTooSmall {
+                budget_bytes,
+                min_bytes,
+                plain_bytes: plain,
+                marked_keep: (0..self.len()).any(|i| keeping.must(i)),
+            },
+            e => e,
+        })?;
         let mut plan = self.make_plan(cuts, modes, budget);
         plan.allowed = policies.to_vec();
+        plan.marked = (0..self.len()).map(|i| keeping.must(i)).collect();
         Ok(plan)
     }
 
@@ -406,6 +421,7 @@ impl ChainCost {
             stage_costs: self.stages.clone(),
             stage_names: Vec::new(),
             allowed: Vec::new(),
+            marked: Vec::new(),
             chain_bytes: (self.output_bytes, self.checkpoint_bytes),
         }
     }

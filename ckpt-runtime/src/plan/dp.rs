@@ -297,6 +297,9 @@ pub(super) fn within(budget: Option<u64>, least: u64) -> Result<u64, CkptError> 
         Some(b) if b < least => Err(CkptError::BudgetTooSmall {
             budget_bytes: b,
             min_bytes: least,
+            // Filled in by `ChainCost::plan_keeping`, which knows them.
+            plain_bytes: 0,
+            marked_keep: false,
         }),
         Some(b) => Ok(b),
         None => Ok(least),

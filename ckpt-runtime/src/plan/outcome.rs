@@ -52,6 +52,9 @@ pub struct Plan {
     /// The policies the planner chose each checkpointed segment's policy from (empty for a
     /// plan made by [`ChainCost::evaluate`], the one policy of a plan made for it).
     pub(super) allowed: Vec<Policy>,
+    /// Per stage: marked keep (`#[keep]`, `#[ckpt::keep]`), so kept in every plan (empty
+    /// when none is).
+    pub(super) marked: Vec<bool>,
     /// The chain's [`ChainCost::output_bytes`] and [`ChainCost::checkpoint_bytes`], so
     /// that [`Plan::explain`] can evaluate the plan with another policy.
     pub(super) chain_bytes: (u64, u64),
@@ -185,6 +188,19 @@ impl Plan {
         self.cuts.iter().take_while(|&&c| c <= stage).count()
     }
 
+    /// Whether stage `stage` is marked keep (`model!`'s `#[keep]`, `#[ckpt::keep]`), which
+    /// the planner kept in every plan (in a kept segment or the plain last one).
+    pub fn marked_keep(&self, stage: usize) -> bool {
+        self.marked.get(stage).copied().unwrap_or(false)
+    }
+
+    /// The plan with the stages for which `marked` holds marked keep (a fixed schedule's
+    /// plan, whose kept segments are the marked runs).
+    pub(crate) fn with_marked(mut self, marked: impl Fn(usize) -> bool) -> Self {
+        self.marked = (0..self.len).map(marked).collect();
+        self
+    }
+
     /// What checkpointed segment `segment` keeps (bytes) and what its recompute costs
     /// (seconds) under `policy`, from the profile (`None` for a policy the planner does
     /// not model, or a plan without its profile).
@@ -253,9 +269,16 @@ impl Plan {
                         human_seconds(stages.iter().map(|s| s.forward_seconds).sum())
                     ),
                 };
+                let why = if r.clone().any(|i| self.marked_keep(i)) {
+                    " (marked keep)"
+                } else if !self.allowed.is_empty() {
+                    " (the planner's choice)"
+                } else {
+                    ""
+                };
                 let _ = write!(
                     out,
-                    "\n  segment {} (stages {}..{}): kept: runs once, holds {}, saves {saved}",
+                    "\n  segment {} (stages {}..{}): kept{why}: runs once, holds {}, saves {saved}",
                     j + 1,
                     r.start,
                     r.end,
@@ -319,8 +342,13 @@ impl Plan {
             let (held, policy_kept, recompute) =
                 if segment == last || !self.mode(segment).is_checkpointed() {
                     let how = if segment == last { "plain" } else { "kept" };
+                    let mark = if self.marked_keep(i) {
+                        ", marked keep"
+                    } else {
+                        ""
+                    };
                     (
-                        format!("{} ({how})", segment + 1),
+                        format!("{} ({how}{mark})", segment + 1),
                         "-".to_string(),
                         "-".to_string(),
                     )

@@ -188,7 +188,7 @@ fn planner_keeps_within_a_budget_and_forced_stages() {
     let text = kept.explain();
     assert!(
         text.contains(
-            "segment 1 (stages 0..1): kept: runs once, holds 2 B, saves 10.000 s of recompute"
+            "segment 1 (stages 0..1): kept (the planner's choice): runs once, holds 2 B, saves 10.000 s of recompute"
         ),
         "{text}"
     );
@@ -209,7 +209,7 @@ fn planner_keeps_within_a_budget_and_forced_stages() {
     let text = kept.explain();
     assert!(
         text.contains(
-            "segment 1 (stages 0..1): kept: runs once, holds 2 B, saves 4.000 s of recompute (under selective, its cheapest policy)"
+            "segment 1 (stages 0..1): kept (the planner's choice): runs once, holds 2 B, saves 4.000 s of recompute (under selective, its cheapest policy)"
         ),
         "{text}"
     );

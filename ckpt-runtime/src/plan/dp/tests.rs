@@ -98,7 +98,7 @@ proptest! {
                 prop_assert!(plan.predicted_peak_bytes() <= budget);
                 prop_assert_eq!(plan.budget_bytes(), Some(budget));
             }
-            Err(CkptError::BudgetTooSmall { budget_bytes, min_bytes }) => {
+            Err(CkptError::BudgetTooSmall { budget_bytes, min_bytes, .. }) => {
                 prop_assert!(fits.is_empty());
                 prop_assert_eq!(budget_bytes, budget);
                 prop_assert_eq!(min_bytes, least);
@@ -238,6 +238,7 @@ pub(super) fn check_budget_plan(
         Err(&CkptError::BudgetTooSmall {
             budget_bytes,
             min_bytes,
+            ..
         }) => {
             prop_assert!(fits.is_empty());
             prop_assert_eq!(budget_bytes, budget);
@@ -359,19 +360,22 @@ fn impossible_budget_states_the_least_peak() {
         err,
         CkptError::BudgetTooSmall {
             budget_bytes: 17,
-            min_bytes: 18
+            min_bytes: 18,
+            plain_bytes: 130,
+            marked_keep: false,
         }
     );
     assert_eq!(
         err.to_string(),
-        "memory budget of 17 B (17 B) is too small: the smallest feasible peak of this chain is 18 B (18 B)"
+        "memory budget of 17 B (17 B, 13.1 % of the plain run's peak) is too small: the smallest feasible peak of this chain is 18 B (18 B, 13.8 % of the plain run's peak)"
     );
     // 13.8 % of the plain 130 bytes is 17 bytes (rounded down).
     assert!(matches!(
         costs.plan_within(Budget::FractionOfPlain(0.138)),
         Err(CkptError::BudgetTooSmall {
             budget_bytes: 17,
-            min_bytes: 18
+            min_bytes: 18,
+            ..
         })
     ));
     assert!(costs.plan_within(Budget::FractionOfPlain(0.139)).is_ok());
