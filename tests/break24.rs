@@ -235,6 +235,39 @@ fn kept_first_and_adjacent_last_statements_give_the_plain_gradients() {
     check("edge", &s, Net::edge_plain, &cases, &EDGE, 3);
 }
 
+static MISC: AtomicUsize = AtomicUsize::new(0);
+
+macro_rules! values_body {
+    (fn $name:ident, [$($attr:tt)*], $k:meta) => {
+        $($attr)*
+        fn $name(&self, x: &Tensor) -> Tensor {
+            let h = deep(&self.a.forward(x));
+            // A `Vec<Tensor>`, an `i64`, and a value no later statement uses.
+            #[$k]
+            let parts = counted(&MISC, self.b.forward(&h)).chunk(2, 1);
+            #[$k]
+            let n = {
+                MISC.fetch_add(1, Ordering::SeqCst);
+                h.size()[0]
+            };
+            #[$k]
+            let _unused = counted(&MISC, h.sigmoid());
+            let g = deep(&(&parts[0] * &parts[1]));
+            let g = deep(&self.c.forward(&Tensor::cat(&[&g, &parts[1]], 1))) / (n as f64);
+            g + &parts[0].repeat([1, 2])
+        }
+    };
+}
+twins!(values_body, values_plain, values_auto: (segments = auto), values_budget: (budget = "100%"));
+
+#[test]
+fn kept_statements_of_other_values_give_the_plain_gradients() {
+    let _serial = serial();
+    let s = setup(14, 0, 512);
+    let cases: [(&str, Forward); 2] = [("auto", Net::values_auto), ("budget", Net::values_budget)];
+    check("values", &s, Net::values_plain, &cases, &MISC, 3);
+}
+
 // ---------------------------------------------------------------------------------------
 // Layer loops.
 
@@ -353,13 +386,25 @@ macro_rules! fold_body {
         }
     };
 }
-twins!(fold_body, fold_plain, fold_auto: (segments = auto), fold_budget: (budget = "100%"));
+twins!(
+    fold_body,
+    fold_plain,
+    fold_auto: (segments = auto),
+    fold_budget: (budget = "100%"),
+    fold_seg2: (segments = 2),
+    fold_seg3: (segments = 3),
+);
 
 #[test]
 fn a_kept_fold_capturing_a_parameter_gives_the_plain_gradients() {
     let _serial = serial();
     let s = setup(5, 4, 512);
-    let cases: [(&str, Forward); 2] = [("auto", Net::fold_auto), ("budget", Net::fold_budget)];
+    let cases: [(&str, Forward); 4] = [
+        ("auto", Net::fold_auto),
+        ("budget", Net::fold_budget),
+        ("segments 2", Net::fold_seg2),
+        ("segments 3", Net::fold_seg3),
+    ];
     check("fold", &s, Net::fold_plain, &cases, &FOLD, 4);
 }
 
