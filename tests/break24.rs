@@ -47,6 +47,22 @@ struct Net {
     c: nn::Linear,
     blocks: Vec<nn::Linear>,
     scale: Tensor,
+    probe: Probe,
+}
+
+static PROBE: AtomicUsize = AtomicUsize::new(0);
+
+/// A linear layer that counts its forwards in `PROBE`.
+#[derive(Debug, ShallowClone)]
+struct Probe {
+    lin: nn::Linear,
+}
+
+impl Module for Probe {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        PROBE.fetch_add(1, Ordering::SeqCst);
+        xs.apply(&self.lin)
+    }
 }
 
 impl Net {
@@ -60,6 +76,9 @@ impl Net {
                 .map(|i| nn::linear(&p / "blocks" / i, D, D, Default::default()))
                 .collect(),
             scale: p.randn("scale", &[D], 1.0, 0.5),
+            probe: Probe {
+                lin: nn::linear(&p / "probe", D, D, Default::default()),
+            },
         }
     }
 }
@@ -266,6 +285,40 @@ fn kept_statements_of_other_values_give_the_plain_gradients() {
     let s = setup(14, 0, 512);
     let cases: [(&str, Forward); 2] = [("auto", Net::values_auto), ("budget", Net::values_budget)];
     check("values", &s, Net::values_plain, &cases, &MISC, 3);
+}
+
+macro_rules! chain_body {
+    (fn $name:ident, [$($attr:tt)*], $k:meta) => {
+        $($attr)*
+        fn $name(&self, x: &Tensor) -> Tensor {
+            let h = deep(&self.a.forward(x));
+            // A method chain of layer calls, which the macro splits into stages: every
+            // piece is kept.
+            #[$k]
+            let h = h.apply(&self.b).tanh().apply(&self.probe).sigmoid().apply(&self.c);
+            let g = deep(&self.c.forward(&h));
+            g * h
+        }
+    };
+}
+twins!(chain_body, chain_plain, chain_auto: (segments = auto), chain_budget: (budget = "100%"));
+
+#[test]
+fn a_kept_method_chain_gives_the_plain_gradients() {
+    let _serial = serial();
+    let s = setup(15, 0, 512);
+    let cases: [(&str, Forward); 2] = [("auto", Net::chain_auto), ("budget", Net::chain_budget)];
+    check("chain", &s, Net::chain_plain, &cases, &PROBE, 1);
+    let plans = ckpt::plan::function_plans();
+    let plan = plans
+        .iter()
+        .find(|p| p.function.starts_with("Net::chain_auto ("))
+        .expect("a plan");
+    assert!(
+        plan.plan.len() > 4,
+        "the chain is split: {}",
+        plan.plan.explain()
+    );
 }
 
 // ---------------------------------------------------------------------------------------
