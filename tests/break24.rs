@@ -6,7 +6,8 @@
 //! separated statements, `let mut` mutated in a later loop, a kept statement after a
 //! loop, a kept fold capturing a parameter, `?` in the last statement, dropout, no-grad
 //! and nested-in-`checkpoint` calls, `segments = N` above the stages, the plan cache
-//! across shapes and `train` flags, and in-place ops in kept statements. The two
+//! across shapes and `train` flags, in-place ops in kept statements, a kept method
+//! chain, and the least peak an impossible budget states. The two
 //! `#[ignore]`d tests are bugs of the profiling call (it runs kept statements too).
 //!
 //! The counters and the RNG are process-wide: the tests take turns.
@@ -771,4 +772,60 @@ fn a_kept_statement_mutating_an_earlier_segments_input_fails_in_backward() {
             &msg[..msg.len().min(600)]
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// An impossible budget: the smallest feasible peak it states keeps the marked statements.
+
+macro_rules! feasible_body {
+    (fn $name:ident, [$($attr:tt)*], $k:meta) => {
+        $($attr)*
+        fn $name(&self, x: &Tensor) -> Tensor {
+            let h = deep(&self.a.forward(x));
+            // Holds five activations: the least peak is higher with it kept.
+            #[$k]
+            let big = deep(&self.b.forward(&h));
+            let g = deep(&self.c.forward(&big));
+            let g = deep(&self.a.forward(&g));
+            g * big
+        }
+    };
+}
+impl Net {
+    feasible_body!(fn feasible_auto, [#[checkpointed(segments = auto)]], ckpt::keep);
+    feasible_body!(fn feasible_budget, [#[checkpointed(budget = "5%")]], ckpt::keep);
+    // The same function without the mark.
+    feasible_body!(fn feasible_unmarked, [#[checkpointed(segments = auto)]], allow(unused));
+}
+
+#[test]
+fn an_impossible_budget_states_the_least_peak_with_the_kept_statements() {
+    let _serial = serial();
+    let s = setup(16, 0, 512);
+    let x = s.x.copy().set_requires_grad(true);
+    let least = |name: &str, f: Forward| {
+        let _ = f(&s.net, &x);
+        let plans = ckpt::plan::function_plans();
+        let p = plans
+            .iter()
+            .find(|p| p.function.starts_with(&format!("Net::{name} (")))
+            .expect("a plan");
+        p.plan.predicted_peak_bytes()
+    };
+    let marked = least("feasible_auto", Net::feasible_auto);
+    let unmarked = least("feasible_unmarked", Net::feasible_unmarked);
+    assert!(
+        marked > unmarked,
+        "keeping `big` costs memory: {marked} vs {unmarked}"
+    );
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Net::feasible_budget(&s.net, &x)
+    }))
+    .expect_err("5 % is below the least peak");
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        msg.contains("the smallest feasible peak of this chain is")
+            && msg.contains(&format!("({marked} B)")),
+        "{msg} (min-peak plan: {marked} B, without the mark {unmarked} B)"
+    );
 }
