@@ -7,8 +7,9 @@
 //! loop, a kept fold capturing a parameter, `?` in the last statement, dropout, no-grad
 //! and nested-in-`checkpoint` calls, `segments = N` above the stages, the plan cache
 //! across shapes and `train` flags, in-place ops in kept statements, a kept method
-//! chain, and the least peak an impossible budget states. The two
-//! `#[ignore]`d tests are bugs of the profiling call (it runs kept statements too).
+//! chain, chains longer than `plan::MAX_KEEP_STAGES`, and the least peak an impossible
+//! budget states. The two `#[ignore]`d tests are bugs of the profiling call (it runs
+//! kept statements too).
 //!
 //! The counters and the RNG are process-wide: the tests take turns.
 
@@ -421,6 +422,26 @@ fn kept_statements_around_a_layer_loop_give_the_plain_gradients() {
             1,
         );
     }
+}
+
+#[test]
+fn a_chain_longer_than_max_keep_stages_still_keeps_the_marked_statement() {
+    let _serial = serial();
+    let blocks = ckpt::plan::MAX_KEEP_STAGES + 6;
+    let s = setup(17, blocks, 64);
+    let cases: [(&str, Forward); 3] = [
+        ("auto", Net::mut_auto),
+        ("budget", Net::mut_budget),
+        ("segments 4", Net::mut_seg4),
+    ];
+    check(
+        &format!("mut, {blocks} blocks"),
+        &s,
+        Net::mut_plain,
+        &cases,
+        &MUT,
+        1,
+    );
 }
 
 static FOLD: AtomicUsize = AtomicUsize::new(0);
