@@ -389,8 +389,10 @@ twins!(
 #[test]
 fn kept_statements_around_a_layer_loop_give_the_plain_gradients() {
     let _serial = serial();
-    for blocks in [0, 1, 2, 5] {
-        let s = setup(4, blocks, 512);
+    // The last is above `plan::MAX_KEEP_STAGES`, where the planner keeps only the marked
+    // statements.
+    for blocks in [0, 1, 2, 5, ckpt::plan::MAX_KEEP_STAGES + 6] {
+        let s = setup(4, blocks, 128);
         let cases: [(&str, Forward); 5] = [
             ("auto", Net::loop_auto),
             ("budget", Net::loop_budget),
@@ -422,26 +424,6 @@ fn kept_statements_around_a_layer_loop_give_the_plain_gradients() {
             1,
         );
     }
-}
-
-#[test]
-fn a_chain_longer_than_max_keep_stages_still_keeps_the_marked_statement() {
-    let _serial = serial();
-    let blocks = ckpt::plan::MAX_KEEP_STAGES + 6;
-    let s = setup(17, blocks, 64);
-    let cases: [(&str, Forward); 3] = [
-        ("auto", Net::mut_auto),
-        ("budget", Net::mut_budget),
-        ("segments 4", Net::mut_seg4),
-    ];
-    check(
-        &format!("mut, {blocks} blocks"),
-        &s,
-        Net::mut_plain,
-        &cases,
-        &MUT,
-        1,
-    );
 }
 
 static FOLD: AtomicUsize = AtomicUsize::new(0);
