@@ -286,7 +286,15 @@ pub(super) fn expand_runtime(
                 quote!(#w)
             })
             .collect();
-        let (out_value, out_pat) = (nest(puts), nest(witnesses));
+        // A unit that defines nothing a later statement uses returns `()` by its last
+        // statement; a `()` written after it would be clippy's `unused_unit` in the
+        // user's code (a kept statement run for its side effect, `let _log = ..`).
+        let out_value = if puts.is_empty() {
+            TokenStream::new()
+        } else {
+            nest(puts)
+        };
+        let out_pat = nest(witnesses);
         let range_param = if looped {
             quote!(#range: ::core::ops::Range<usize>)
         } else {
