@@ -14,7 +14,9 @@
 //! (the programs return `Result`), and layer loops over the module's `layers` (a `for`
 //! over `iter()`, `enumerate()`, an index range or `&Vec`, with one or two loop-carried
 //! `let mut` values and an earlier value read inside, or a `fold`): under `segments = N`
-//! their iterations are stages cut at run time, under markers they run whole.
+//! their iterations are stages cut at run time, under markers they run whole. A quarter
+//! of the programs mark one top-level `let` `#[ckpt::keep]` (run once, never recomputed,
+//! under every layout: markers, `segments = N`, and chains cut at run time).
 
 use std::fmt::Write;
 
@@ -47,6 +49,8 @@ struct RawProgram {
     cuts: Option<Vec<u32>>,
     /// `segments = auto` instead of a count (when no markers).
     auto: bool,
+    /// `Some`: mark one top-level `let` (drawn modulo the statements) `#[ckpt::keep]`.
+    keep: Option<u32>,
     outputs: (u32, u32),
 }
 
@@ -72,15 +76,36 @@ fn raw_program() -> impl Strategy<Value = RawProgram> {
         any::<u32>(),
         prop::option::weighted(0.3, vec(any::<u32>(), 1..4)),
         prop::bool::weighted(0.08),
+        prop::option::weighted(0.25, any::<u32>()),
         (any::<u32>(), any::<u32>()),
     )
-        .prop_map(|(stmts, segments, cuts, auto, outputs)| RawProgram {
+        .prop_map(|(stmts, segments, cuts, auto, keep, outputs)| RawProgram {
             stmts,
             segments,
             cuts,
             auto,
+            keep,
             outputs,
         })
+}
+
+/// `body` with the top-level `let` number `keep` (modulo the statements but the last)
+/// marked `#[ckpt::keep]`, when that leaves a statement to checkpoint: with at least 4
+/// statements (`segments = N` then has a checkpointed group of 2 or more, or two groups;
+/// a chain cut at run time has 2 more), and with markers (`at`) when the statement is in
+/// the inline last group or another statement is before the last marker.
+fn keep_one(body: &str, count: usize, keep: Option<u32>, at: Option<&[usize]>) -> String {
+    let mut lines: Vec<String> = body.split("\n    ").map(str::to_owned).collect();
+    let Some(keep) = keep.filter(|_| count >= 4 && lines.len() == count) else {
+        return body.to_owned();
+    };
+    let i = keep as usize % (count - 1);
+    let last_cut = at.and_then(|a| a.last().copied()).unwrap_or(count);
+    let leaves_one = at.is_none() || i >= last_cut || last_cut >= 2;
+    if leaves_one && lines[i].starts_with("let ") {
+        lines[i] = format!("#[ckpt::keep] {}", lines[i]);
+    }
+    lines.join("\n    ")
 }
 
 /// A tensor operand: `x0` is a `&Tensor` parameter, the rest are owned `Tensor`s.
@@ -297,12 +322,15 @@ fn main() {
         let raw = strategy.new_tree(&mut runner).expect("a program").current();
         let (body, count, _) = render(&raw);
         // `count` statements including the tail; cuts go between statements.
-        let (attr, body) = match &raw.cuts {
-            Some(cuts) => {
-                let mut at: Vec<usize> =
-                    cuts.iter().map(|c| 1 + *c as usize % (count - 1)).collect();
-                at.sort();
-                at.dedup();
+        let at: Option<Vec<usize>> = raw.cuts.as_ref().map(|cuts| {
+            let mut at: Vec<usize> = cuts.iter().map(|c| 1 + *c as usize % (count - 1)).collect();
+            at.sort();
+            at.dedup();
+            at
+        });
+        let body = keep_one(&body, count, raw.keep, at.as_deref());
+        let (attr, body) = match &at {
+            Some(at) => {
                 let mut lines: Vec<&str> = body.split("\n    ").collect();
                 for (k, pos) in at.iter().enumerate() {
                     lines.insert(pos + k, "ckpt::cut!();");
@@ -320,10 +348,12 @@ fn main() {
         };
         let sig = "(w: &Weights, x0: &Tensor, x1: Tensor, k: f64, train: bool) -> Result<(Tensor, Tensor), TchError>";
         let source = format!("{attr}\nfn p{i}{sig} {{\n    {body}\n}}");
+        // The plain copy without the marks, which only the macro reads.
+        let plain = body.replace("#[ckpt::keep] ", "");
         writeln!(
             out,
             "#[allow(unused_variables, unused_parens, unused_mut, unused_assignments, unused_braces, non_shorthand_field_patterns, deprecated, clippy::all)]\n{attr}\nfn p{i}_ckpt{sig} {{\n    {body}\n}}\n\
-             #[allow(unused_variables, unused_parens, unused_mut, unused_assignments, unused_braces, non_shorthand_field_patterns, clippy::all)]\nfn p{i}_plain{sig} {{\n    {body}\n}}\n"
+             #[allow(unused_variables, unused_parens, unused_mut, unused_assignments, unused_braces, non_shorthand_field_patterns, clippy::all)]\nfn p{i}_plain{sig} {{\n    {plain}\n}}\n"
         )
         .unwrap();
         table.push(format!(

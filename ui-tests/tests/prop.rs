@@ -1,6 +1,7 @@
 //! Property test of `#[checkpointed]`: random programs of tensor ops with `let` shadowing
-//! and layer loops with loop-carried values, cut at random (`segments = N`, or
-//! `ckpt::cut!()` markers), give the same outputs (bit for bit on CPU) and the same
+//! and layer loops with loop-carried values, cut at random (`segments = N`,
+//! `ckpt::cut!()` markers, or `segments = auto`), a quarter of them with one statement
+//! marked `#[ckpt::keep]`, give the same outputs (bit for bit on CPU) and the same
 //! gradients (of the inputs and of the captured weights) as the same programs without
 //! the attribute.
 //!
