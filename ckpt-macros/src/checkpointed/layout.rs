@@ -22,8 +22,9 @@
 //! is still a unit (a closure over the environment, under the same structural rules), but
 //! the run time never puts it in a checkpointed segment: `segments = N` takes it out of
 //! its segment as above, and the planner of `segments = auto` / `budget` must keep it (a
-//! kept layer loop keeps every iteration). Either way it runs once, so the side-effect
-//! rules do not apply to it. [`Layout::Whole`] rejects the mark (nothing runs between
+//! kept layer loop keeps every iteration). Either way backward never recomputes it; the
+//! side-effect rules do not apply to it, except under `auto` / `budget`, whose profile
+//! (the first call for an input) runs every statement again. [`Layout::Whole`] rejects the mark (nothing runs between
 //! segments there).
 
 use std::ops::Range;

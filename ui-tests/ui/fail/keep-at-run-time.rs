@@ -19,6 +19,21 @@ fn early_return(xs: &Tensor) -> Tensor {
     zs.sigmoid()
 }
 
+// The planner's profile runs a kept statement again on the first call for an input: the
+// side-effect rules apply to it under `segments = auto` and `budget`.
+#[checkpointed(budget = "50%")]
+fn side_effects(xs: &Tensor, ys: &Tensor) -> Tensor {
+    #[ckpt::keep]
+    let zs = {
+        println!("profiled too");
+        let mut h = ys.shallow_clone();
+        let _ = h.relu_();
+        xs * h
+    };
+    let zs = zs.tanh();
+    zs.sigmoid()
+}
+
 // Nothing left to checkpoint: every statement but the last is kept.
 #[checkpointed(segments = auto)]
 fn everything(xs: &Tensor) -> Tensor {

@@ -1,7 +1,7 @@
-//! `#[ckpt::keep]` in functions whose cuts are chosen at run time: with `segments = auto`
-//! (a kept statement may print: it runs once, so the side-effect rules do not apply to
-//! it), on a kept `fold` (every iteration kept), and with `segments = N`
-//! over a layer loop. Each gives the plain function's gradients.
+//! `#[ckpt::keep]` in functions whose cuts are chosen at run time: with `segments = auto`,
+//! on a kept `fold` (every iteration kept), and with `segments = N` over a layer loop,
+//! where a kept statement may print (it runs once a step, and nothing profiles it, so
+//! the side-effect rules do not apply to it). Each gives the plain function's gradients.
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
@@ -9,10 +9,7 @@ use tch::{Device, Kind, Tensor};
 fn auto(xs: &Tensor) -> Tensor {
     let a = xs.tanh();
     #[ckpt::keep]
-    let b = {
-        println!("runs once a step");
-        a.sigmoid()
-    };
+    let b = a.sigmoid();
     let c = (&a + &b).relu();
     (c * b).sum(Kind::Float)
 }
@@ -41,7 +38,10 @@ impl Stack {
     #[ckpt::checkpointed(segments = 2)]
     fn kept_before_loop(&self, xs: &Tensor) -> Tensor {
         #[ckpt::keep]
-        let mut h = xs.relu();
+        let mut h = {
+            println!("runs once a step");
+            xs.relu()
+        };
         for b in self.blocks.iter() {
             h = b.forward(&h).tanh();
         }

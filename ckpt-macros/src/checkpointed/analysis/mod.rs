@@ -190,10 +190,15 @@ pub(crate) fn analyze(func: &parse::Function, args: &Args, cx: &mut Ctxt) -> Opt
             Layout::Static => format!("segment {} of {count}", g + 1),
         };
         // A kept unit of a run-time chain is a closure (the structural rules apply) that
-        // runs once (the side-effect rules do not).
+        // backward never recomputes; it runs once a step (the side-effect rules do not
+        // apply) unless the planner profiles it (`auto`, `budget`: the first call for an
+        // input runs every statement again for the profile, so they do).
         let closure = cut.closure(g);
+        let kept = closure && !checkpointed;
+        let profiled = matches!(cut.layout, Layout::Runtime(layout::Schedule::Auto(_)));
         let mut walker = Walker::new(cx, closure, label, &fn_name);
-        walker.once = closure && !checkpointed;
+        walker.once = kept && !profiled;
+        walker.kept_profiled = kept && profiled;
         walker.runtime = runtime;
         walker.whole = matches!(cut.layout, Layout::Whole);
         walker.outer = bound.iter().map(|(n, (_, k))| (n.clone(), *k)).collect();

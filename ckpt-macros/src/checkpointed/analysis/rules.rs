@@ -23,6 +23,13 @@ impl Walker<'_> {
     /// Reports `message` at `tokens` when the rules apply here and `rule` is not lifted.
     pub(super) fn violation(&mut self, rule: Rule, tokens: impl quote::ToTokens, message: String) {
         if self.check && !self.once && !self.allowed.contains(&rule) {
+            let message = if self.kept_profiled {
+                format!(
+                    "{message} (the statement is marked `#[ckpt::keep]`, so backward does not recompute it, but with `segments = auto` or `budget` the first call for an input runs every statement again, on detached copies, to profile it: what runs differently twice is refused here too; with `segments = N` or `ckpt::cut!()` markers a kept statement runs once)"
+                )
+            } else {
+                message
+            };
             self.cx.error_spanned_by(tokens, message);
         }
     }
@@ -197,7 +204,7 @@ impl Walker<'_> {
                 "{what} in {segment} of `{f}` would leave the statement's stage closure, not `{f}`: with `segments = auto`, `budget`, or `segments = N` over a layer loop, any statement but the last may be checkpointed; move it into the last statement, which runs inline, or use `ckpt::cut!()` markers{kept}",
                 segment = self.segment,
                 f = self.fn_name,
-                kept = kept_note(self.once),
+                kept = kept_note(self.once || self.kept_profiled),
             );
             self.cx.error_spanned_by(node, message);
         } else if self.check {

@@ -85,6 +85,10 @@ pub(super) struct Walker<'c> {
     /// chain): the side-effect rules ([`Walker::violation`]) do not apply, the structural
     /// ones (control flow leaving it) do.
     pub(super) once: bool,
+    /// The group is a `#[ckpt::keep]` unit of a chain the planner profiles: backward
+    /// does not recompute it, but the profile runs it again, so the side-effect rules
+    /// apply, and their messages say why.
+    pub(super) kept_profiled: bool,
     /// The bindings of the function defined before this group (parameters and top-level
     /// `let`s), with the kind of the parameters and reference `let`s among them.
     pub(super) outer: HashMap<String, Option<ParamKind>>,
@@ -117,6 +121,7 @@ impl<'c> Walker<'c> {
             runtime: false,
             whole: false,
             once: false,
+            kept_profiled: false,
             outer: HashMap::new(),
             ref_defs: HashMap::new(),
             module_defs: HashMap::new(),
