@@ -163,56 +163,23 @@ fn run(args: &RunArgs) -> Result<()> {
     let raw = args.out.join("frontier_raw");
     for mut cfg in configs(args.quick, args.warmup, args.steps) {
         let raw_file = |round: usize| raw.join(format!("{}_{round}.json", cfg.name));
-        if args.reuse_raw && (1..=rounds).all(|round| raw_file(round).is_file()) {
-            let mut per_round = Vec::new();
-            for round in 1..=rounds {
-                let path = raw_file(round);
-                let text = std::fs::read_to_string(&path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                let value: serde_json::Value = serde_json::from_str(&text)
-                    .with_context(|| format!("{} is not JSON", path.display()))?;
-                per_round.push(report::Round {
-                    ckpt: serde_json::from_value(value["ckpt"].clone())?,
-                    torch: serde_json::from_value(value["torch"].clone())?,
-                });
-            }
+        let per_round = if args.reuse_raw && (1..=rounds).all(|round| raw_file(round).is_file()) {
+            cfg.reused = true;
+            let per_round = (1..=rounds)
+                .map(|round| read_round(&raw_file(round)))
+                .collect::<Result<Vec<_>>>()?;
             eprintln!(
                 "frontier: {}: {rounds} rounds read from {}",
                 cfg.name,
                 raw.display()
             );
-            cfg.reused = true;
-            measured.push((cfg, per_round));
-            continue;
-        }
-        let mut per_round = Vec::new();
-        for round in 1..=rounds {
-            let ckpt_first = round % 2 == 1;
-            let mut ours = None;
-            let mut theirs = None;
-            for ckpt_side in [ckpt_first, !ckpt_first] {
-                let r = one_side(args, &cfg, ckpt_side)?;
-                if ckpt_side {
-                    ours = Some(r)
-                } else {
-                    theirs = Some(r)
-                }
-            }
-            eprintln!("frontier: {} round {round} of {rounds} done", cfg.name);
-            let done = report::Round {
-                ckpt: ours.expect("ran"),
-                torch: theirs.expect("ran"),
-            };
-            // Each round's raw results, as they come (frontier_raw/<config>_<round>.json).
-            std::fs::create_dir_all(&raw)?;
-            std::fs::write(
-                raw_file(round),
-                serde_json::to_string(&json!({"ckpt": done.ckpt, "torch": done.torch}))?,
-            )?;
-            per_round.push(done);
-        }
+            per_round
+        } else {
+            measure_rounds(args, &cfg, rounds, &raw)?
+        };
         measured.push((cfg, per_round));
-        // Written after each configuration, so a long run that stops keeps what it measured.
+        // Written after each configuration, reused or measured, so a long run that stops
+        // keeps what it measured and the last configuration is always in the report.
         let report = report::Report::new(
             &args.common.machine,
             &args.common.date,
@@ -224,6 +191,56 @@ fn run(args: &RunArgs) -> Result<()> {
         eprintln!("wrote {}", args.out.display());
     }
     Ok(())
+}
+
+/// One round's raw results, as `measure_rounds` wrote them.
+fn read_round(path: &std::path::Path) -> Result<report::Round> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    Ok(report::Round {
+        ckpt: serde_json::from_value(value["ckpt"].clone())?,
+        torch: serde_json::from_value(value["torch"].clone())?,
+    })
+}
+
+/// Measures `rounds` interleaved rounds of one configuration, writing each round's raw
+/// results to `raw/<config>_<round>.json` as it comes.
+fn measure_rounds(
+    args: &RunArgs,
+    cfg: &Config,
+    rounds: usize,
+    raw: &std::path::Path,
+) -> Result<Vec<report::Round>> {
+    let raw_file = |round: usize| raw.join(format!("{}_{round}.json", cfg.name));
+    let mut per_round = Vec::new();
+    for round in 1..=rounds {
+        let ckpt_first = round % 2 == 1;
+        let mut ours = None;
+        let mut theirs = None;
+        for ckpt_side in [ckpt_first, !ckpt_first] {
+            let r = one_side(args, cfg, ckpt_side)?;
+            if ckpt_side {
+                ours = Some(r)
+            } else {
+                theirs = Some(r)
+            }
+        }
+        eprintln!("frontier: {} round {round} of {rounds} done", cfg.name);
+        let done = report::Round {
+            ckpt: ours.expect("ran"),
+            torch: theirs.expect("ran"),
+        };
+        // Each round's raw results, as they come (frontier_raw/<config>_<round>.json).
+        std::fs::create_dir_all(raw)?;
+        std::fs::write(
+            raw_file(round),
+            serde_json::to_string(&json!({"ckpt": done.ckpt, "torch": done.torch}))?,
+        )?;
+        per_round.push(done);
+    }
+    Ok(per_round)
 }
 
 fn main() -> Result<()> {
