@@ -59,11 +59,12 @@ struct RunArgs {
     /// Only the seq-256 configuration, 2 rounds, 1 + 2 steps: a smoke run.
     #[arg(long)]
     quick: bool,
-    /// Unmeasured steps a process (the first profiles the budget points' plans).
-    #[arg(long, default_value_t = 1)]
+    /// Unmeasured steps a process (the first profiles the budget points' plans; the
+    /// heap reaches its size over the first three).
+    #[arg(long, default_value_t = 3)]
     warmup: usize,
     /// Measured steps a process (a point's time in a round is their median).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 3)]
     steps: usize,
     /// The PyTorch side's script.
     #[arg(long, default_value = "bench/frontier_torch.py")]
@@ -78,6 +79,10 @@ struct RunArgs {
     /// there (an earlier run's), measuring only the others; the report says which.
     #[arg(long)]
     reuse_raw: bool,
+    /// The `GLIBC_TUNABLES` both sides' processes run with, for the report's header
+    /// (`bench/frontier.sh` sets and passes it); empty: glibc's defaults.
+    #[arg(long, default_value = "")]
+    malloc: String,
 }
 
 /// One configuration: a name, a shape, and its points.
@@ -180,13 +185,14 @@ fn run(args: &RunArgs) -> Result<()> {
         measured.push((cfg, per_round));
         // Written after each configuration, reused or measured, so a long run that stops
         // keeps what it measured and the last configuration is always in the report.
-        let report = report::Report::new(
+        let mut report = report::Report::new(
             &args.common.machine,
             &args.common.date,
             args.common.threads,
             rounds,
             measured.clone(),
         )?;
+        report.malloc = args.malloc.clone();
         report.write(&args.out)?;
         eprintln!("wrote {}", args.out.display());
     }
