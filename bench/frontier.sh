@@ -12,14 +12,19 @@ cd "$(dirname "$0")/.."
 
 source bench/common.sh
 # glibc's malloc maps every block above its mmap threshold (32 MiB at most) with mmap and
-# unmaps it on free, so at seq 1024 each step page-faults its attention scores afresh (8
-# million faults a process): a cost that follows the host's load, not the model, and
-# dwarfs the differences measured here. Both sides get the same fixed heap instead: no
-# mapping, no trimming, one arena (a second thread's arena maps large blocks anyway);
-# CKPT_FRONTIER_MALLOC=default measures with glibc's defaults.
-if [ "${CKPT_FRONTIER_MALLOC:-}" != default ]; then
-    export GLIBC_TUNABLES="glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296:glibc.malloc.arena_max=1"
-fi
+# unmaps it on free, so at seq 1024 each step page-faults its attention scores afresh (12
+# million faults a process, bench/MALLOC.md): a cost that follows the host's load, not the
+# model, and dwarfs the differences measured here. Both sides get the same fixed heap
+# instead: no mapping, no trimming, one arena (a second thread's arena maps large blocks
+# anyway); CKPT_FRONTIER_MALLOC=default measures with glibc's defaults.
+case "${CKPT_FRONTIER_MALLOC:-fixed}" in
+    fixed) export GLIBC_TUNABLES="glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296:glibc.malloc.arena_max=1" ;;
+    default) unset GLIBC_TUNABLES ;;
+    *)
+        echo "bench/frontier.sh: CKPT_FRONTIER_MALLOC is 'fixed' (the default) or 'default', not '$CKPT_FRONTIER_MALLOC'" >&2
+        exit 1
+        ;;
+esac
 exec "$target/release/ckpt-frontier" run \
     --python "$python" \
     --meter "$target/release/libckpt_bench.so" \
