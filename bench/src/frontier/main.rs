@@ -167,7 +167,7 @@ fn run(args: &RunArgs) -> Result<()> {
     let mut measured = Vec::new();
     let raw = args.out.join("frontier_raw");
     for mut cfg in configs(args.quick, args.warmup, args.steps) {
-        let raw_file = |round: usize| raw.join(format!("{}_{round}.json", cfg.name));
+        let raw_file = |round: usize| raw_file(&raw, &cfg.name, round);
         let per_round = if args.reuse_raw && (1..=rounds).all(|round| raw_file(round).is_file()) {
             cfg.reused = true;
             let per_round = (1..=rounds)
@@ -199,6 +199,11 @@ fn run(args: &RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// Where a configuration's round goes in `raw` (`frontier_raw/<config>_<round>.json`).
+fn raw_file(raw: &std::path::Path, config: &str, round: usize) -> std::path::PathBuf {
+    raw.join(format!("{config}_{round}.json"))
+}
+
 /// One round's raw results, as `measure_rounds` wrote them.
 fn read_round(path: &std::path::Path) -> Result<report::Round> {
     let text =
@@ -219,7 +224,6 @@ fn measure_rounds(
     rounds: usize,
     raw: &std::path::Path,
 ) -> Result<Vec<report::Round>> {
-    let raw_file = |round: usize| raw.join(format!("{}_{round}.json", cfg.name));
     let mut per_round = Vec::new();
     for round in 1..=rounds {
         let ckpt_first = round % 2 == 1;
@@ -241,7 +245,7 @@ fn measure_rounds(
         // Each round's raw results, as they come (frontier_raw/<config>_<round>.json).
         std::fs::create_dir_all(raw)?;
         std::fs::write(
-            raw_file(round),
+            raw_file(raw, &cfg.name, round),
             serde_json::to_string(&json!({"ckpt": done.ckpt, "torch": done.torch}))?,
         )?;
         per_round.push(done);
