@@ -5,7 +5,7 @@
 # scripts/setup.sh installed, and writes bench/FRONTIER.md, bench/frontier.json and
 # bench/frontier.png. Extra arguments go to `ckpt-frontier run` (--rounds N, --quick).
 #
-#   bench/frontier.sh            # 5 rounds of 2 configurations, 3 + 3 steps: about 35 minutes on 2 cores
+#   bench/frontier.sh            # 5 rounds of 2 configurations, 3+ warm-up + 3 steps: about 40 minutes on 2 cores
 #   bench/frontier.sh --quick    # one configuration, 2 short rounds
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,9 +3,13 @@
 One process of one round: builds the seed transformer (torch_side.Classifier, the main
 program's encoder stage for stage) once per point, trains every point on the same batch
 with the points taking turns step by step, and prints one JSON object on its last line:
-per point the median step seconds, every measured step, and the peak tensor bytes above
-the step's baseline from ckpt's counter (libckpt_bench.so installs it into this
-process's libtorch). Points:
+per point the median step seconds, every measured step and its minor page faults, the
+warm-up steps, and the peak tensor bytes above the step's baseline from ckpt's counter
+(libckpt_bench.so installs it into this process's libtorch). The warm-up runs at least
+the shape's steps and goes on, at most MAX_EXTRA_WARMUP more, until STEADY_CYCLES cycles
+in a row (one step of every point each) in which no step faulted HEAP_STEADY_FAULTS
+pages: the heap has stopped growing (the Rust side's rule, bench/src/frontier/side.rs).
+Points:
 
 - plain;
 - full/N: the blocks cut as checkpoint_sequential(blocks, N) cuts them, each segment but
@@ -20,6 +24,7 @@ process's libtorch). Points:
 import functools
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -32,6 +37,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_side import Classifier, parse_side_args  # noqa: E402
 
 SAVED_OPS = {torch.ops.aten.addmm.default}
+
+# The same constants as bench/src/frontier/side.rs.
+HEAP_STEADY_FAULTS = 1024
+MAX_EXTRA_WARMUP = 8
+STEADY_CYCLES = 2
+
+
+def minor_faults():
+    """Minor page faults of this process so far, all threads (getrusage's ru_minflt)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def save_linear_outputs(ctx, op, *args, **kwargs):
@@ -76,12 +91,20 @@ def main():
             "segments": p.get("segments", 1),
             "selective": p["kind"] == "selective",
             "seconds": [],
+            "faults": [],
             "peak": 0,
         })
-    for step in range(shape["warmup"] + shape["steps"]):
+    warmup = 0
+    steady = 0
+    while runs and len(runs[0]["seconds"]) < shape["steps"]:
+        warming = warmup < shape["warmup"] or (
+            steady < STEADY_CYCLES and warmup < shape["warmup"] + MAX_EXTRA_WARMUP
+        )
+        most_faults = 0
         for r in runs:
             meter.reset_peak()
             base = meter.current()
+            faults = minor_faults()
             start = time.perf_counter()
             loss = F.cross_entropy(forward(r["model"], ids, r["segments"], r["selective"]), labels)
             r["opt"].zero_grad(set_to_none=False)
@@ -89,9 +112,15 @@ def main():
             r["opt"].step()
             del loss
             seconds = time.perf_counter() - start
-            if step >= shape["warmup"]:
+            faults = minor_faults() - faults
+            most_faults = max(most_faults, faults)
+            if not warming:
                 r["seconds"].append(seconds)
+                r["faults"].append(faults)
                 r["peak"] = max(r["peak"], meter.peak() - base)
+        if warming:
+            warmup += 1
+            steady = steady + 1 if most_faults < HEAP_STEADY_FAULTS else 0
     print(json.dumps({
         "points": [
             {
@@ -99,6 +128,8 @@ def main():
                 "step_seconds_median": statistics.median(r["seconds"]),
                 "step_seconds": r["seconds"],
                 "peak_bytes": r["peak"],
+                "warmup_steps": warmup,
+                "step_faults": r["faults"],
             }
             for r in runs
         ],

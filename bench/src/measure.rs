@@ -42,6 +42,21 @@ pub fn steps(warmup: usize, steps: usize, mut step: impl FnMut()) -> Measured {
     }
 }
 
+/// Minor page faults of this process so far, all threads (`getrusage(RUSAGE_SELF)`'s
+/// `ru_minflt`; Python's `resource.getrusage` reads the same counter): a step's difference
+/// counts the pages its heap touched for the first time. 0 where the call fails.
+pub fn minor_faults() -> u64 {
+    // SAFETY: `getrusage` only writes the zeroed `rusage` it is given.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) == 0 {
+            u64::try_from(usage.ru_minflt).unwrap_or(0)
+        } else {
+            0
+        }
+    }
+}
+
 /// The median ([`ckpt_models::stats::median`]); 0 when `values` is empty.
 pub fn median(values: &[f64]) -> f64 {
     ckpt_models::stats::median(values).unwrap_or(0.0)

@@ -104,7 +104,9 @@ fn configs(quick: bool, warmup: usize, steps: usize) -> Vec<Config> {
             Point::Masks { segments: 3 },
             Point::SelectiveMasks { segments: 3 },
         ]);
-        p.extend([0.3, 0.5, 0.7].map(|fraction| Point::Budget { fraction }));
+        // 30, 50 and 70 % as the issue asks; 40 % lands near 60 % less than plain, where
+        // the issue's time goal sits.
+        p.extend([0.3, 0.4, 0.5, 0.7].map(|fraction| Point::Budget { fraction }));
         p
     };
     let (warmup, steps) = if quick {

@@ -11,7 +11,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::Config;
-use super::side::PointResult;
+use super::side::{HEAP_STEADY_FAULTS, MAX_EXTRA_WARMUP, PointResult, STEADY_CYCLES};
 
 const MIB: f64 = 1048576.0;
 
@@ -93,6 +93,48 @@ pub struct ConfigFigures {
     /// Its rounds come from an earlier run's raw results (`--reuse-raw`).
     pub reused: bool,
     pub points: Vec<PointFigures>,
+    /// The heap during the measured steps, per side; `None` for raw results from before
+    /// page faults were recorded.
+    pub ckpt_heap: Option<HeapFigures>,
+    pub torch_heap: Option<HeapFigures>,
+}
+
+/// How settled one side's heap was in its processes of one configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct HeapFigures {
+    /// Warm-up steps a process ran, fewest and most over the rounds.
+    pub warmup_steps: (usize, usize),
+    /// The most minor page faults of any measured step, and its point.
+    pub most_faults: u64,
+    pub most_faults_point: String,
+    /// Measured steps that faulted at least `side::HEAP_STEADY_FAULTS` pages, and all.
+    pub faulting_steps: usize,
+    pub steps: usize,
+}
+
+/// `per_round`: one side's processes; `None` when none recorded its faults.
+fn heap_figures(per_round: &[&[PointResult]]) -> Option<HeapFigures> {
+    let points = || per_round.iter().flat_map(|r| r.iter());
+    if points().all(|p| p.step_faults.is_empty()) {
+        return None;
+    }
+    let warmups = per_round
+        .iter()
+        .filter_map(|r| r.first())
+        .map(|p| p.warmup_steps);
+    let (fewest, most) = warmups.fold((usize::MAX, 0), |(a, b), w| (a.min(w), b.max(w)));
+    let steps = || points().flat_map(|p| p.step_faults.iter().map(move |&f| (f, &p.name)));
+    let (most_faults, most_faults_point) = steps()
+        .max_by_key(|&(f, _)| f)
+        .map(|(f, name)| (f, name.clone()))
+        .unwrap_or_default();
+    Some(HeapFigures {
+        warmup_steps: (fewest, most),
+        most_faults,
+        most_faults_point,
+        faulting_steps: steps().filter(|&(f, _)| f >= HEAP_STEADY_FAULTS).count(),
+        steps: steps().count(),
+    })
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -205,6 +247,8 @@ impl Report {
                 steps: cfg.shape.steps,
                 reused: cfg.reused,
                 points,
+                ckpt_heap: heap_figures(&ours),
+                torch_heap: heap_figures(&theirs),
             });
         }
         Ok(Report {
@@ -323,6 +367,7 @@ impl Report {
                 );
             }
             s.push('\n');
+            s.push_str(&Self::heap(c));
             for p in c.points.iter().filter(|p| p.plan.is_some()) {
                 let rounds = &p.ckpt.peak_bytes_per_round;
                 if rounds.windows(2).any(|w| w[0] != w[1]) {
@@ -353,6 +398,31 @@ impl Report {
         }
         s.push_str("![peak memory against step time](frontier.png)\n");
         s
+    }
+
+    /// The paragraph on the heap during the measured steps.
+    fn heap(c: &ConfigFigures) -> String {
+        let side = |name: &str, h: &Option<HeapFigures>| match h {
+            None => format!("{name}: page faults not recorded (older raw results)"),
+            Some(h) => format!(
+                "{name}: {}..{} warm-up steps a process, {} of {} measured steps at or above \
+                 the limit, the most {} faults in a step (`{}`)",
+                h.warmup_steps.0,
+                h.warmup_steps.1,
+                h.faulting_steps,
+                h.steps,
+                h.most_faults,
+                h.most_faults_point
+            ),
+        };
+        format!(
+            "Heap: the warm-up runs {} steps or more, until {STEADY_CYCLES} cycles in a row (a \
+             step of every point each) in which no step had {HEAP_STEADY_FAULTS} minor page \
+             faults (4 MiB of new heap), at most {MAX_EXTRA_WARMUP} more. {}; {}.\n\n",
+            c.warmup,
+            side("ckpt", &c.ckpt_heap),
+            side("PyTorch", &c.torch_heap)
+        )
     }
 
     /// `met` / `not met` when every round agrees, `undecided` otherwise.
@@ -555,7 +625,40 @@ mod tests {
             peak_bytes: peak,
             plan: None,
             predicted_peak_bytes: None,
+            warmup_steps: 3,
+            step_faults: vec![0],
         }
+    }
+
+    /// The heap paragraph counts every measured step of every point of a side; raw
+    /// results without faults give `None`.
+    #[test]
+    fn heap_of_rounds() {
+        let with = |name: &str, warmup: usize, faults: Vec<u64>| PointResult {
+            warmup_steps: warmup,
+            step_faults: faults,
+            ..result(name, 1.0, 1)
+        };
+        let a = [
+            with("plain", 3, vec![0, 50_000]),
+            with("full/3", 3, vec![10, 0]),
+        ];
+        let b = [
+            with("plain", 5, vec![2, 3]),
+            with("full/3", 5, vec![1024, 7]),
+        ];
+        let h = heap_figures(&[&a, &b]).unwrap();
+        assert_eq!(h.warmup_steps, (3, 5));
+        assert_eq!(
+            (h.most_faults, h.most_faults_point.as_str()),
+            (50_000, "plain")
+        );
+        assert_eq!((h.faulting_steps, h.steps), (2, 8));
+        let old = [PointResult {
+            step_faults: Vec::new(),
+            ..result("plain", 1.0, 1)
+        }];
+        assert!(heap_figures(&[&old]).is_none());
     }
 
     /// A budget point's peak may change between rounds (the planner weighs measured

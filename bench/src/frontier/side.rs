@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 use ckpt::Policy;
 use ckpt::plan::{Budget, Objective, Schedule};
-use ckpt_bench::measure::median;
+use ckpt_bench::measure::{median, minor_faults};
 use ckpt_bench::models::classifier::{Classifier, ModelConfig, Strategy};
 use serde::{Deserialize, Serialize};
 use tch::nn::{self, ModuleT, OptimizerConfig};
@@ -114,7 +114,28 @@ pub struct PointResult {
     /// For a budget point: its predicted peak bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted_peak_bytes: Option<u64>,
+    /// Unmeasured steps the process ran before the measured ones (the same for every
+    /// point of a process; 0 in raw results from before it was recorded).
+    #[serde(default)]
+    pub warmup_steps: usize,
+    /// Minor page faults of the whole process during each measured step
+    /// ([`ckpt_bench::measure::minor_faults`]; empty in older raw results).
+    #[serde(default)]
+    pub step_faults: Vec<u64>,
 }
+
+/// [`STEADY_CYCLES`] warm-up cycles in a row (one step of every point each) in which no
+/// step faulted this many pages (4 MiB of 4-KiB pages) end the warm-up: the heap has
+/// stopped growing. With one fixed glibc heap (bench/frontier.sh) the largest point,
+/// plain, still grows it by 80-200 MiB in its fourth and fifth steps, now and then after
+/// a cycle without growth, which cost it a few percent of those steps' time.
+pub const HEAP_STEADY_FAULTS: u64 = 1024;
+
+/// Cycles in a row without heap growth that end the warm-up.
+pub const STEADY_CYCLES: usize = 2;
+
+/// The most warm-up steps past `Shape::warmup` that wait for the heap to stop growing.
+pub const MAX_EXTRA_WARMUP: usize = 8;
 
 struct Run {
     point: Point,
@@ -122,13 +143,14 @@ struct Run {
     model: Classifier,
     opt: nn::Optimizer,
     seconds: Vec<f64>,
+    faults: Vec<u64>,
     peak: i64,
 }
 
-/// Trains every point on the same batch, in turns step by step: `warmup` unmeasured
-/// steps (optimizer state, `.grad`, the planner's profile), then `steps` measured ones.
-/// A step is forward, gradients zeroed in place, backward, AdamW step (as
-/// `torch_side.py`).
+/// Trains every point on the same batch, in turns step by step: at least `warmup`
+/// unmeasured steps (optimizer state, `.grad`, the planner's profile), more while the
+/// heap still grows (see [`HEAP_STEADY_FAULTS`]), then `steps` measured ones. A step is
+/// forward, gradients zeroed in place, backward, AdamW step (as `torch_side.py`).
 ///
 /// # Errors
 ///
@@ -165,13 +187,20 @@ pub fn run(shape: &Shape, points: &[Point]) -> Result<Vec<PointResult>> {
             model,
             opt,
             seconds: Vec::new(),
+            faults: Vec::new(),
             peak: 0,
         });
     }
-    for step in 0..shape.warmup + shape.steps {
+    let mut warmup = 0;
+    let mut steady = 0;
+    while runs.first().is_some_and(|r| r.seconds.len() < shape.steps) {
+        let warming = warmup < shape.warmup
+            || (steady < STEADY_CYCLES && warmup < shape.warmup + MAX_EXTRA_WARMUP);
+        let mut most_faults = 0;
         for r in &mut runs {
             ckpt::memory::reset_peak(Device::Cpu);
             let base = ckpt::memory::current_bytes(Device::Cpu);
+            let faults = minor_faults();
             let start = Instant::now();
             let loss = r
                 .model
@@ -180,10 +209,21 @@ pub fn run(shape: &Shape, points: &[Point]) -> Result<Vec<PointResult>> {
             r.opt.backward_step(&loss);
             drop(loss);
             let seconds = start.elapsed().as_secs_f64();
-            if step >= shape.warmup {
+            let faults = minor_faults() - faults;
+            most_faults = most_faults.max(faults);
+            if !warming {
                 r.seconds.push(seconds);
+                r.faults.push(faults);
                 r.peak = r.peak.max(ckpt::memory::peak_bytes(Device::Cpu) - base);
             }
+        }
+        if warming {
+            warmup += 1;
+            steady = if most_faults < HEAP_STEADY_FAULTS {
+                steady + 1
+            } else {
+                0
+            };
         }
     }
     runs.into_iter()
@@ -199,6 +239,8 @@ pub fn run(shape: &Shape, points: &[Point]) -> Result<Vec<PointResult>> {
                 peak_bytes: r.peak,
                 predicted_peak_bytes: plan.as_ref().map(|p| p.predicted_peak_bytes()),
                 plan: plan.map(|p| p.explain()),
+                warmup_steps: warmup,
+                step_faults: r.faults,
             })
         })
         .collect()
