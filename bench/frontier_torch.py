@@ -5,10 +5,11 @@ program's encoder stage for stage) once per point, trains every point on the sam
 with the points taking turns step by step, and prints one JSON object on its last line:
 per point the median step seconds, every measured step and its minor page faults, the
 warm-up steps, and the peak tensor bytes above the step's baseline from ckpt's counter
-(libckpt_bench.so installs it into this process's libtorch). The warm-up runs at least
-the shape's steps and goes on, at most MAX_EXTRA_WARMUP more, until STEADY_CYCLES cycles
-in a row (one step of every point each) in which no step faulted HEAP_STEADY_FAULTS
-pages: the heap has stopped growing (the Rust side's rule, bench/src/frontier/side.rs).
+(libckpt_bench.so installs it into this process's libtorch). After the shape's warm-up
+steps the process writes and frees a HEAP_RESERVE_BYTES block on top of its heap, then
+warms up, at most MAX_EXTRA_WARMUP more steps, until a cycle (one step of every point)
+in which no step faulted HEAP_STEADY_FAULTS pages (the Rust side's rule,
+bench/src/frontier/side.rs).
 Points:
 
 - plain;
@@ -40,8 +41,15 @@ SAVED_OPS = {torch.ops.aten.addmm.default}
 
 # The same constants as bench/src/frontier/side.rs.
 HEAP_STEADY_FAULTS = 1024
-MAX_EXTRA_WARMUP = 8
-STEADY_CYCLES = 2
+MAX_EXTRA_WARMUP = 4
+HEAP_RESERVE_BYTES = 1 << 30
+
+
+def reserve_heap():
+    """Writes a page-touched HEAP_RESERVE_BYTES block and frees it (side.rs's reserve_heap)."""
+    block = bytearray(HEAP_RESERVE_BYTES)
+    block[::4096] = b"\x01" * (HEAP_RESERVE_BYTES // 4096)
+    del block
 
 
 def minor_faults():
@@ -95,10 +103,10 @@ def main():
             "peak": 0,
         })
     warmup = 0
-    steady = 0
+    steady = False
     while runs and len(runs[0]["seconds"]) < shape["steps"]:
         warming = warmup < shape["warmup"] or (
-            steady < STEADY_CYCLES and warmup < shape["warmup"] + MAX_EXTRA_WARMUP
+            not steady and warmup < shape["warmup"] + MAX_EXTRA_WARMUP
         )
         most_faults = 0
         for r in runs:
@@ -120,7 +128,9 @@ def main():
                 r["peak"] = max(r["peak"], meter.peak() - base)
         if warming:
             warmup += 1
-            steady = steady + 1 if most_faults < HEAP_STEADY_FAULTS else 0
+            steady = warmup > shape["warmup"] and most_faults < HEAP_STEADY_FAULTS
+            if warmup == shape["warmup"]:
+                reserve_heap()
     print(json.dumps({
         "points": [
             {

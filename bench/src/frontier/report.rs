@@ -11,7 +11,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::Config;
-use super::side::{HEAP_STEADY_FAULTS, MAX_EXTRA_WARMUP, PointResult, STEADY_CYCLES};
+use super::side::{HEAP_RESERVE_BYTES, HEAP_STEADY_FAULTS, MAX_EXTRA_WARMUP, PointResult};
 
 const MIB: f64 = 1048576.0;
 
@@ -416,10 +416,13 @@ impl Report {
             ),
         };
         format!(
-            "Heap: the warm-up runs {} steps or more, until {STEADY_CYCLES} cycles in a row (a \
-             step of every point each) in which no step had {HEAP_STEADY_FAULTS} minor page \
-             faults (4 MiB of new heap), at most {MAX_EXTRA_WARMUP} more. {}; {}.\n\n",
+            "Heap: after {} warm-up steps a process writes and frees a \
+             {} MiB block on top of its heap (`HEAP_RESERVE_BYTES`: touched headroom, as the \
+             heap is never trimmed), then warms up until a cycle (a step of every point) in \
+             which no step had {HEAP_STEADY_FAULTS} minor page faults (4 MiB of new heap), at \
+             most {MAX_EXTRA_WARMUP} more steps. {}; {}.\n\n",
             c.warmup,
+            HEAP_RESERVE_BYTES >> 20,
             side("ckpt", &c.ckpt_heap),
             side("PyTorch", &c.torch_heap)
         )

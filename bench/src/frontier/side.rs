@@ -124,18 +124,30 @@ pub struct PointResult {
     pub step_faults: Vec<u64>,
 }
 
-/// [`STEADY_CYCLES`] warm-up cycles in a row (one step of every point each) in which no
-/// step faulted this many pages (4 MiB of 4-KiB pages) end the warm-up: the heap has
-/// stopped growing. With one fixed glibc heap (bench/frontier.sh) the largest point,
-/// plain, still grows it by 80-200 MiB in its fourth and fifth steps, now and then after
-/// a cycle without growth, which cost it a few percent of those steps' time.
+/// A warm-up cycle (one step of every point) in which no step faulted this many pages
+/// (4 MiB of 4-KiB pages) ends the warm-up: the heap has stopped growing.
 pub const HEAP_STEADY_FAULTS: u64 = 1024;
 
-/// Cycles in a row without heap growth that end the warm-up.
-pub const STEADY_CYCLES: usize = 2;
+/// Bytes allocated, written and freed once after `Shape::warmup` steps, on top of the
+/// grown heap: with glibc's heap fixed (bench/frontier.sh: nothing trimmed) they stay
+/// as touched free space at its top. Ten models in one arena fragment it, so the
+/// largest point, plain, still grows the heap now and then after eight warm-up steps, by
+/// 8-128 MiB, and its first touch of those pages cost such a step up to 0.2 s at seq 256
+/// (1.23 s against 1.00 s); growth into the reserve touches nothing new. With glibc's
+/// defaults the block is mapped and unmapped, which changes nothing.
+pub const HEAP_RESERVE_BYTES: usize = 1 << 30;
+
+/// Allocates [`HEAP_RESERVE_BYTES`], writes a byte in every page and frees it.
+fn reserve_heap() {
+    let mut block = vec![0u8; HEAP_RESERVE_BYTES];
+    for page in block.chunks_mut(4096) {
+        page[0] = 1;
+    }
+    std::hint::black_box(&block);
+}
 
 /// The most warm-up steps past `Shape::warmup` that wait for the heap to stop growing.
-pub const MAX_EXTRA_WARMUP: usize = 8;
+pub const MAX_EXTRA_WARMUP: usize = 4;
 
 struct Run {
     point: Point,
@@ -147,9 +159,10 @@ struct Run {
     peak: i64,
 }
 
-/// Trains every point on the same batch, in turns step by step: at least `warmup`
-/// unmeasured steps (optimizer state, `.grad`, the planner's profile), more while the
-/// heap still grows (see [`HEAP_STEADY_FAULTS`]), then `steps` measured ones. A step is
+/// Trains every point on the same batch, in turns step by step: `warmup` unmeasured
+/// steps (optimizer state, `.grad`, the planner's profile), a heap reserve
+/// ([`HEAP_RESERVE_BYTES`]), more warm-up steps until one grows the heap no more (see
+/// [`HEAP_STEADY_FAULTS`]; at least one), then `steps` measured ones. A step is
 /// forward, gradients zeroed in place, backward, AdamW step (as `torch_side.py`).
 ///
 /// # Errors
@@ -192,10 +205,10 @@ pub fn run(shape: &Shape, points: &[Point]) -> Result<Vec<PointResult>> {
         });
     }
     let mut warmup = 0;
-    let mut steady = 0;
+    let mut steady = false;
     while runs.first().is_some_and(|r| r.seconds.len() < shape.steps) {
-        let warming = warmup < shape.warmup
-            || (steady < STEADY_CYCLES && warmup < shape.warmup + MAX_EXTRA_WARMUP);
+        let warming =
+            warmup < shape.warmup || (!steady && warmup < shape.warmup + MAX_EXTRA_WARMUP);
         let mut most_faults = 0;
         for r in &mut runs {
             ckpt::memory::reset_peak(Device::Cpu);
@@ -219,11 +232,10 @@ pub fn run(shape: &Shape, points: &[Point]) -> Result<Vec<PointResult>> {
         }
         if warming {
             warmup += 1;
-            steady = if most_faults < HEAP_STEADY_FAULTS {
-                steady + 1
-            } else {
-                0
-            };
+            steady = warmup > shape.warmup && most_faults < HEAP_STEADY_FAULTS;
+            if warmup == shape.warmup {
+                reserve_heap();
+            }
         }
     }
     runs.into_iter()
