@@ -59,8 +59,8 @@ struct RunArgs {
     /// Only the seq-256 configuration, 2 rounds, 1 + 2 steps: a smoke run.
     #[arg(long)]
     quick: bool,
-    /// Unmeasured steps a process (the first profiles the budget points' plans; the
-    /// heap reaches its size over the first three).
+    /// Unmeasured steps a process before the heap reserve (the first profiles the budget
+    /// points' plans; the heap grows over several more: `side::HEAP_RESERVE_BYTES`).
     #[arg(long, default_value_t = 3)]
     warmup: usize,
     /// Measured steps a process (a point's time in a round is their median).

@@ -324,10 +324,26 @@ impl Report {
              same side of the goal, and `undecided` otherwise. Bytes repeat exactly.\n"
         );
         for c in &self.configs {
+            // The warm-up the processes ran (more than asked for once the heap rule adds
+            // steps), or the one asked for when older raw results did not record it.
+            let warmup = match (&c.ckpt_heap, &c.torch_heap) {
+                (Some(a), Some(b)) => {
+                    let (lo, hi) = (
+                        a.warmup_steps.0.min(b.warmup_steps.0),
+                        a.warmup_steps.1.max(b.warmup_steps.1),
+                    );
+                    if lo == hi {
+                        lo.to_string()
+                    } else {
+                        format!("{lo}..{hi}")
+                    }
+                }
+                _ => c.warmup.to_string(),
+            };
             let _ = writeln!(
                 s,
                 "## {} (seq {}, batch {}; {} warm-up + {} measured steps a process)\n",
-                c.name, c.seq, c.batch, c.warmup, c.steps
+                c.name, c.seq, c.batch, warmup, c.steps
             );
             if c.reused {
                 s.push_str(
@@ -367,7 +383,7 @@ impl Report {
                 );
             }
             s.push('\n');
-            s.push_str(&Self::heap(c));
+            s.push_str(&self.heap(c));
             for p in c.points.iter().filter(|p| p.plan.is_some()) {
                 let rounds = &p.ckpt.peak_bytes_per_round;
                 if rounds.windows(2).any(|w| w[0] != w[1]) {
@@ -401,26 +417,37 @@ impl Report {
     }
 
     /// The paragraph on the heap during the measured steps.
-    fn heap(c: &ConfigFigures) -> String {
+    fn heap(&self, c: &ConfigFigures) -> String {
         let side = |name: &str, h: &Option<HeapFigures>| match h {
             None => format!("{name}: page faults not recorded (older raw results)"),
-            Some(h) => format!(
-                "{name}: {}..{} warm-up steps a process, {} of {} measured steps at or above \
-                 the limit, the most {} faults in a step (`{}`)",
-                h.warmup_steps.0,
-                h.warmup_steps.1,
-                h.faulting_steps,
-                h.steps,
-                h.most_faults,
-                h.most_faults_point
-            ),
+            Some(h) => {
+                let most = if h.most_faults == 0 {
+                    "no measured step faulted".to_string()
+                } else {
+                    format!(
+                        "the most {} faults in a step (`{}`)",
+                        h.most_faults, h.most_faults_point
+                    )
+                };
+                format!(
+                    "{name}: {}..{} warm-up steps a process, {} of {} measured steps with \
+                     {HEAP_STEADY_FAULTS} faults or more, {most}",
+                    h.warmup_steps.0, h.warmup_steps.1, h.faulting_steps, h.steps,
+                )
+            }
+        };
+        let headroom = if self.malloc.is_empty() {
+            "with glibc's defaults the block is mapped and unmapped, no headroom"
+        } else {
+            "touched headroom, as this heap is never trimmed; growth into it faults nothing, \
+             so the check that follows cannot see it"
         };
         format!(
-            "Heap: after {} warm-up steps a process writes and frees a \
-             {} MiB block on top of its heap (`HEAP_RESERVE_BYTES`: touched headroom, as the \
-             heap is never trimmed), then warms up until a cycle (a step of every point) in \
-             which no step had {HEAP_STEADY_FAULTS} minor page faults (4 MiB of new heap), at \
-             most {MAX_EXTRA_WARMUP} more steps. {}; {}.\n\n",
+            "Heap: after {} warm-up steps a process writes and frees a {} MiB block on top \
+             of its heap (`HEAP_RESERVE_BYTES`; {headroom}), then warms up until a cycle (a \
+             step of every point) in which no step had {HEAP_STEADY_FAULTS} minor page faults \
+             (4 MiB of new heap), at most {MAX_EXTRA_WARMUP} more steps; every measured \
+             step's faults are recorded. {}; {}.\n\n",
             c.warmup,
             HEAP_RESERVE_BYTES >> 20,
             side("ckpt", &c.ckpt_heap),

@@ -131,8 +131,8 @@ pub const HEAP_STEADY_FAULTS: u64 = 1024;
 /// Bytes allocated, written and freed once after `Shape::warmup` steps, on top of the
 /// grown heap: with glibc's heap fixed (bench/frontier.sh: nothing trimmed) they stay
 /// as touched free space at its top. Ten models in one arena fragment it, so the
-/// largest point, plain, still grows the heap now and then after eight warm-up steps, by
-/// 8-128 MiB, and its first touch of those pages cost such a step up to 0.2 s at seq 256
+/// largest point, plain, still grew the heap now and then after eight warm-up steps (a
+/// rule tried before this one), by 8-128 MiB, and its first touch of those pages cost such a step up to 0.2 s at seq 256
 /// (1.23 s against 1.00 s); growth into the reserve touches nothing new. With glibc's
 /// defaults the block is mapped and unmapped, which changes nothing.
 pub const HEAP_RESERVE_BYTES: usize = 1 << 30;
@@ -161,7 +161,7 @@ struct Run {
 
 /// Trains every point on the same batch, in turns step by step: `warmup` unmeasured
 /// steps (optimizer state, `.grad`, the planner's profile), a heap reserve
-/// ([`HEAP_RESERVE_BYTES`]), more warm-up steps until one grows the heap no more (see
+/// ([`HEAP_RESERVE_BYTES`]), more warm-up steps until a cycle (one step of every point) grows it no more (see
 /// [`HEAP_STEADY_FAULTS`]; at least one), then `steps` measured ones. A step is
 /// forward, gradients zeroed in place, backward, AdamW step (as `torch_side.py`).
 ///
