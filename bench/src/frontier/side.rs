@@ -128,13 +128,17 @@ pub struct PointResult {
 /// (4 MiB of 4-KiB pages) ends the warm-up: the heap has stopped growing.
 pub const HEAP_STEADY_FAULTS: u64 = 1024;
 
+/// The most warm-up steps past `Shape::warmup` that wait for the heap to stop growing.
+pub const MAX_EXTRA_WARMUP: usize = 4;
+
 /// Bytes allocated, written and freed once after `Shape::warmup` steps, on top of the
 /// grown heap: with glibc's heap fixed (bench/frontier.sh: nothing trimmed) they stay
 /// as touched free space at its top. Ten models in one arena fragment it, so the
 /// largest point, plain, still grew the heap now and then after eight warm-up steps (a
-/// rule tried before this one), by 8-128 MiB, and its first touch of those pages cost such a step up to 0.2 s at seq 256
-/// (1.23 s against 1.00 s); growth into the reserve touches nothing new. With glibc's
-/// defaults the block is mapped and unmapped, which changes nothing.
+/// rule tried before this one), by 8-128 MiB, and its first touch of those pages cost
+/// such a step up to 0.2 s at seq 256 (1.23 s against 1.00 s); growth into the reserve
+/// touches nothing new. With glibc's defaults the block is mapped and unmapped, which
+/// changes nothing.
 pub const HEAP_RESERVE_BYTES: usize = 1 << 30;
 
 /// Allocates [`HEAP_RESERVE_BYTES`], writes a byte in every page and frees it.
@@ -145,9 +149,6 @@ fn reserve_heap() {
     }
     std::hint::black_box(&block);
 }
-
-/// The most warm-up steps past `Shape::warmup` that wait for the heap to stop growing.
-pub const MAX_EXTRA_WARMUP: usize = 4;
 
 struct Run {
     point: Point,
@@ -161,8 +162,9 @@ struct Run {
 
 /// Trains every point on the same batch, in turns step by step: `warmup` unmeasured
 /// steps (optimizer state, `.grad`, the planner's profile), a heap reserve
-/// ([`HEAP_RESERVE_BYTES`]), more warm-up steps until a cycle (one step of every point) grows it no more (see
-/// [`HEAP_STEADY_FAULTS`]; at least one), then `steps` measured ones. A step is
+/// ([`HEAP_RESERVE_BYTES`]), more warm-up steps until a cycle (one step of every point)
+/// grows it no more (see [`HEAP_STEADY_FAULTS`]; at least one), then `steps` measured
+/// ones. A step is
 /// forward, gradients zeroed in place, backward, AdamW step (as `torch_side.py`).
 ///
 /// # Errors
@@ -222,7 +224,8 @@ pub fn run(shape: &Shape, points: &[Point]) -> Result<Vec<PointResult>> {
             r.opt.backward_step(&loss);
             drop(loss);
             let seconds = start.elapsed().as_secs_f64();
-            let faults = minor_faults() - faults;
+            // Saturating: `minor_faults` reads 0 if `getrusage` ever fails.
+            let faults = minor_faults().saturating_sub(faults);
             most_faults = most_faults.max(faults);
             if !warming {
                 r.seconds.push(seconds);
