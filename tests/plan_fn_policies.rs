@@ -178,13 +178,13 @@ fn budget_functions_choose_a_policy_per_segment_and_predict_the_measured_peak() 
             plan.policies().iter().all(|p| PLANNED_POLICIES.contains(p)),
             "{name}: {plan}"
         );
-        // The explanation says, for each checkpointed segment, why each of the two
+        // The explanation says, for each checkpointed segment, why each of the three
         // other policies lost (the planner may also keep segments, which have none).
         let text = plan.explain();
         let reasons = ruled_out(&text);
         assert_eq!(
             reasons.len(),
-            2 * checkpointed_policies(&plan).len(),
+            (PLANNED_POLICIES.len() - 1) * checkpointed_policies(&plan).len(),
             "{name}: {text}"
         );
         for r in reasons {
@@ -199,15 +199,23 @@ fn budget_functions_choose_a_policy_per_segment_and_predict_the_measured_peak() 
         // The profile measured both policies in every block (each has Linear layers
         // and training-mode dropout): the masks keep one bit an element of each
         // dropout, at least those of the two residual branches (`[batch, seq, d_model]`)
-        // and of the feed-forward layer (4 times wider); selective keeps more.
+        // and of the feed-forward layer (4 times wider); narrowing also the feed-forward
+        // down-projection's float32 `[batch, seq, d_model]` output, exactly; selective
+        // keeps more.
         let blocks = &plan.stage_costs()[1..=CONFIG.layers];
         let elements = (BATCH * CONFIG.seq_len * CONFIG.d_model) as u64;
         for (i, stage) in blocks.iter().enumerate() {
             let masks = stage.masks.as_ref().expect("masks measured");
+            let narrowing = stage.narrowing.as_ref().expect("narrowing measured");
             let selective = stage.selective.as_ref().expect("selective measured");
             assert!(masks.kept_bytes >= 6 * elements / 8, "block {i}: {stage:?}");
+            assert_eq!(
+                narrowing.kept_bytes,
+                masks.kept_bytes + 4 * elements,
+                "block {i}: {stage:?}"
+            );
             assert!(
-                selective.kept_bytes > masks.kept_bytes,
+                selective.kept_bytes > narrowing.kept_bytes,
                 "block {i}: {stage:?}"
             );
         }

@@ -104,6 +104,8 @@ fn selective_policy_gives_the_plain_gradients_bit_for_bit() {
         Policy::selective(),
         Policy::RECOMPUTE_ALL.save_linear(true),
         Policy::RECOMPUTE_ALL.save_dropout_masks(true),
+        Policy::narrowing(),
+        Policy::RECOMPUTE_ALL.save_narrowing_linear(true),
     ] {
         let sel = step(&vs, &x, &|x| run_checkpointed(&blocks, x, policy));
         assert_all_equal(&format!("{policy:?} vs plain"), &sel, &plain);
@@ -475,6 +477,8 @@ four_blocks! {
     fn four_masks;
     #[ckpt::checkpointed(segments = 2)]
     fn four_full;
+    #[ckpt::checkpointed(segments = 2, policy = narrowing)]
+    fn four_narrowing;
 }
 
 /// Bytes that checkpointing `blocks` one segment each with [`Policy::masks`] keeps
@@ -562,4 +566,47 @@ fn model_takes_the_masks_policy() {
         kept_masks - kept_full,
         masks_kept_by(&model.blocks[..2], &x)
     );
+}
+
+/// `Policy::narrowing()` keeps the masks and, of the linear outputs, only the narrowing
+/// one's: `ff2`'s `[rows, D]` (its weight is `[D, 4D]`), none of `qkv` (`[3D, D]`), `proj`
+/// (`[D, D]`, not narrowing) or `ff1` (`[4D, D]`). Exact bytes on `checkpoint_with` and on
+/// `#[checkpointed(policy = narrowing)]`, whose gradients equal the plain function's bit
+/// for bit.
+#[test]
+fn narrowing_policy_keeps_the_masks_and_the_narrowing_linear_outputs() {
+    let _rng = rng();
+    tch::manual_seed(13);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let blocks = stack(&vs, 4);
+    let (b, t) = (2i64, 16i64);
+    let x = Tensor::randn([b, t, D], (Kind::Float, Device::Cpu));
+    assert_eq!(
+        Policy::narrowing(),
+        Policy::masks().save_narrowing_linear(true)
+    );
+    let ff2_out = b * t * D * 4;
+    let narrowing = |blocks: &[Block]| {
+        kept_by(&x, |x| run_checkpointed(blocks, x, Policy::narrowing()))
+            - kept_by(&x, |x| run_checkpointed(blocks, x, Policy::masks()))
+    };
+    assert_eq!(narrowing(&blocks[..1]), ff2_out, "one block: ff2's output");
+    assert_eq!(narrowing(&blocks[..2]), 2 * ff2_out, "two blocks");
+    // Linear outputs alone, narrowing ones: the same bytes beyond full recompute.
+    let alone = kept_by(&x, |x| {
+        run_checkpointed(
+            &blocks[..2],
+            x,
+            Policy::RECOMPUTE_ALL.save_narrowing_linear(true),
+        )
+    }) - kept_by(&x, |x| {
+        run_checkpointed(&blocks[..2], x, Policy::RECOMPUTE_ALL)
+    });
+    assert_eq!(alone, 2 * ff2_out);
+    // The attribute: blocks 0 and 1 checkpointed, bit-equal to the plain function.
+    let plain = step(&vs, &x, &|x| four_plain(&blocks, x));
+    let narrow = step(&vs, &x, &|x| four_narrowing(&blocks, x));
+    assert_all_equal("policy = narrowing vs plain", &narrow, &plain);
+    let kept = kept_by(&x, |x| four_narrowing(&blocks, x)) - kept_by(&x, |x| four_full(&blocks, x));
+    assert_eq!(kept, masks_kept_by(&blocks[..2], &x) + 2 * ff2_out);
 }

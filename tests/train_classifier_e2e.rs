@@ -250,6 +250,8 @@ fn policies_keep_the_numbers_and_order_the_peaks() {
         "--policy",
         "masks",
         "--policy",
+        "narrowing",
+        "--policy",
         "selective",
     ];
     let (doc, _) = run_ok(&args, &tmp.path().join("policies.json"));
@@ -257,10 +259,19 @@ fn policies_keep_the_numbers_and_order_the_peaks() {
     let names: Vec<&str> = runs.iter().map(|r| r["name"].as_str().unwrap()).collect();
     assert_eq!(
         names,
-        ["plain", "checkpointed", "checkpointed", "checkpointed"]
+        [
+            "plain",
+            "checkpointed",
+            "checkpointed",
+            "checkpointed",
+            "checkpointed"
+        ]
     );
     let policies: Vec<&str> = runs.iter().map(|r| r["policy"].as_str().unwrap()).collect();
-    assert_eq!(policies, ["none", "full", "masks", "selective"]);
+    assert_eq!(
+        policies,
+        ["none", "full", "masks", "narrowing", "selective"]
+    );
     // Every run against the plain one: bit-identical gradients and losses.
     assert_eq!(doc["grad_max_abs_diff"].as_f64(), Some(0.0));
     assert_eq!(doc["loss_max_abs_diff"].as_f64(), Some(0.0));
@@ -269,8 +280,8 @@ fn policies_keep_the_numbers_and_order_the_peaks() {
         .map(|r| r["peak_bytes"].as_i64().unwrap())
         .collect();
     assert!(
-        peak[1] <= peak[2] && peak[2] < peak[3] && peak[3] < peak[0],
-        "full <= masks < selective < plain: {peak:?}"
+        peak[1] <= peak[2] && peak[2] <= peak[3] && peak[3] < peak[4] && peak[4] < peak[0],
+        "full <= masks <= narrowing < selective < plain: {peak:?}"
     );
 }
 
@@ -322,7 +333,7 @@ fn a_budget_run_lets_the_planner_choose_cuts_and_policies() {
     // the plain one, and a fixed policy's run checkpoints with that policy only.
     assert!(runs[0]["plan"].is_null());
     for (run, allowed) in runs[1..].iter().zip([
-        &["kept", "full", "masks", "selective"][..],
+        &["kept", "full", "masks", "narrowing", "selective"][..],
         &["kept", "full"][..],
     ]) {
         let plan = &run["plan"];

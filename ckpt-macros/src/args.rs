@@ -1,6 +1,6 @@
 //! The arguments of `#[checkpointed(..)]`, on a function and on a `model!` declaration
 //! alike: `segments = N | auto`, `budget = ".."`, `preserve_rng_state = bool`,
-//! `determinism_check = bool`, `policy = full | masks | selective`. Unknown and duplicate keys are errors that list the valid
+//! `determinism_check = bool`, `policy = full | masks | narrowing | selective`. Unknown and duplicate keys are errors that list the valid
 //! ones; every error is collected in the caller's [`Ctxt`], and parsing recovers at the
 //! next comma.
 
@@ -52,7 +52,7 @@ mod kw {
     syn::custom_keyword!(policy);
 }
 
-/// `policy = full | masks | selective`: what a checkpointed segment keeps from its
+/// `policy = full | masks | narrowing | selective`: what a checkpointed segment keeps from its
 /// forward (`ckpt::Policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PolicyArg {
@@ -61,6 +61,9 @@ pub(crate) enum PolicyArg {
     /// `Policy::masks()`: also dropout masks (1 bit an element), the main program's
     /// `--policy masks`.
     Masks,
+    /// `Policy::narrowing()`: dropout masks and the outputs of narrowing linears
+    /// (`out_features < in_features`).
+    Narrowing,
     /// `Policy::selective()`: also linear outputs and dropout masks.
     Selective,
 }
@@ -71,6 +74,7 @@ impl PolicyArg {
         match self {
             PolicyArg::Full => quote::quote!(::ckpt::Policy::RECOMPUTE_ALL),
             PolicyArg::Masks => quote::quote!(::ckpt::Policy::masks()),
+            PolicyArg::Narrowing => quote::quote!(::ckpt::Policy::narrowing()),
             PolicyArg::Selective => quote::quote!(::ckpt::Policy::selective()),
         }
     }
@@ -138,7 +142,7 @@ pub(crate) struct Args {
     pub preserve_rng_state: Option<bool>,
     /// `determinism_check = bool` (default `true`).
     pub determinism_check: Option<bool>,
-    /// `policy = full | masks | selective` (default `full`).
+    /// `policy = full | masks | narrowing | selective` (default `full`).
     pub policy: Option<PolicyArg>,
     /// Span of the whole argument list (the macro call when there is none).
     pub span: Option<Span>,
@@ -159,7 +163,7 @@ struct Written {
     budget: Option<(Objective, Span)>,
 }
 
-const VALID_KEYS: &str = "`segments = N`, `segments = auto`, `budget = \"..\"`, `preserve_rng_state = bool`, `determinism_check = bool`, `policy = full | masks | selective`";
+const VALID_KEYS: &str = "`segments = N`, `segments = auto`, `budget = \"..\"`, `preserve_rng_state = bool`, `determinism_check = bool`, `policy = full | masks | narrowing | selective`";
 
 /// Parses `key = value, ..`, collecting every error (unknown and duplicate keys, bad
 /// values) in `cx` and recovering at the next comma.
@@ -283,13 +287,14 @@ fn parse_one(
     } else if lookahead.peek(kw::policy) {
         let key: kw::policy = input.parse()?;
         input.parse::<Token![=]>()?;
-        let expected = "`policy` takes `full` (recompute everything, the default), `masks` (keep dropout masks) or `selective` (keep linear outputs and dropout masks): `policy = masks`";
+        let expected = "`policy` takes `full` (recompute everything, the default), `masks` (keep dropout masks), `narrowing` (keep dropout masks and narrowing linear outputs) or `selective` (keep linear outputs and dropout masks): `policy = masks`";
         let value = input
             .call(Ident::parse_any)
             .map_err(|e| syn::Error::new(e.span(), expected))?;
         let policy = match value.to_string().as_str() {
             "full" => PolicyArg::Full,
             "masks" => PolicyArg::Masks,
+            "narrowing" => PolicyArg::Narrowing,
             "selective" => PolicyArg::Selective,
             _ => return Err(syn::Error::new(value.span(), expected)),
         };

@@ -24,6 +24,9 @@
 //   1 - p are bit-equal to the drawn ones), puts the generator where the draw left it, and multiplies.
 // Gradients are therefore bit-equal to the full recompute's, and to the plain model's.
 //
+// A policy may keep only the outputs of narrowing linears (out_features < in_features,
+// `keeps_linear`); the others are then recomputed as usual.
+//
 // Rules: the recompute must call linear and dropout in the order and with the shapes
 // of the forward (it computes the same thing; a mismatch is an error that says so); a
 // kept output that was changed in place after forward (its version moved) is
@@ -201,10 +204,22 @@ at::Tensor linear_replay(Cache& c, const at::Tensor& input, const at::Tensor& we
   return from_2d(result, input);
 }
 
+// Whether a segment with these policy bits keeps this linear's output: every linear's
+// with kSaveLinear; with kSaveNarrowingLinear only a narrowing one's (a 2-d weight
+// [out_features, in_features] with out_features < in_features, such as a transformer's
+// feed-forward down-projection), whose output costs 2 in_features flops an element to
+// recompute, more than any wider layer of the same input width, for the fewest bytes.
+// Record and replay ask the same question of the same weight, so they agree on which
+// calls take a cache entry.
+bool keeps_linear(uint32_t flags, const at::Tensor& weight) {
+  if ((flags & kSaveLinear) != 0) return true;
+  return (flags & kSaveNarrowingLinear) != 0 && weight.dim() == 2 && weight.size(0) < weight.size(1);
+}
+
 at::Tensor linear_kernel(const at::Tensor& input, const at::Tensor& weight,
                          const c10::optional<at::Tensor>& bias) {
   Cache* c = t_cache;
-  if (t_mode == kOff || c == nullptr || (c->flags & kSaveLinear) == 0 ||
+  if (t_mode == kOff || c == nullptr || !keeps_linear(c->flags, weight) ||
       !fused_path(input, weight, bias)) {
     return at::native::linear(input, weight, bias);
   }

@@ -10,6 +10,8 @@ namespace ckpt_policy {
 // Bits of a policy (src/checkpoint.rs `Policy` sends the same bits).
 constexpr uint32_t kSaveLinear = 1;        // keep the outputs of aten::linear
 constexpr uint32_t kSaveDropoutMasks = 2;  // keep dropout masks (1 bit an element)
+// keep the outputs of narrowing aten::linear calls (fewer output than input features)
+constexpr uint32_t kSaveNarrowingLinear = 4;
 
 // What one segment recorded in forward, replayed in order by its recompute.
 struct Cache;

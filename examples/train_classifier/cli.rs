@@ -30,7 +30,11 @@ pub(crate) enum PolicyArg {
     /// Keep the dropout masks (1 bit an element) instead of drawing them again;
     /// recompute the rest (`ckpt::Policy::masks`).
     Masks,
-    /// The planner chooses each checkpointed segment's policy among the three (with
+    /// Keep the dropout masks and the outputs of narrowing Linears (fewer outputs than
+    /// inputs: the feed-forward down-projection); recompute the rest
+    /// (`ckpt::Policy::narrowing`).
+    Narrowing,
+    /// The planner chooses each checkpointed segment's policy among the four (with
     /// `--segments auto` or `--budget` only).
     Auto,
 }
@@ -42,6 +46,7 @@ impl PolicyArg {
             PolicyArg::Full => Some(ckpt::Policy::RECOMPUTE_ALL),
             PolicyArg::Selective => Some(ckpt::Policy::selective()),
             PolicyArg::Masks => Some(ckpt::Policy::masks()),
+            PolicyArg::Narrowing => Some(ckpt::Policy::narrowing()),
             PolicyArg::Auto => None,
         }
     }
@@ -161,7 +166,8 @@ pub(crate) struct Args {
     pub(crate) budget: Option<ckpt::plan::Budget>,
     /// What each checkpointed segment keeps from its forward: `full` keeps only its
     /// input; `selective` also keeps Linear outputs and dropout masks, `masks` only the
-    /// dropout masks (more memory, less recompute; gradients unchanged); `auto` lets the
+    /// dropout masks (more memory, less recompute; gradients unchanged), `narrowing` the
+    /// masks and the narrowing Linears' outputs (the feed-forward down-projection); `auto` lets the
     /// planner choose per segment (with --segments auto or --budget). Repeat it
     /// (`--policy full --policy selective`) to train one checkpointed run per policy,
     /// all taking turns with the plain run.

@@ -133,7 +133,7 @@ pub struct PlanJson {
     /// The first stage of every segment but the first.
     pub cuts: Vec<usize>,
     /// How each segment runs: `kept`, a checkpointed segment's policy (`full`, `masks`,
-    /// `selective`), and `plain` for the last.
+    /// `narrowing`, `selective`), and `plain` for the last.
     pub modes: Vec<String>,
     /// The cost model's peak of a step's forward and backward, bytes.
     pub predicted_peak_bytes: u64,

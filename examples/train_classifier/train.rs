@@ -68,7 +68,7 @@ pub struct RunResult {
     pub name: String,
     /// Segments of `checkpoint_sequential_t`; 0 for plain.
     pub segments: usize,
-    /// `full`, `selective` or `masks` for checkpointed runs, `auto` when the planner
+    /// `full`, `selective`, `masks` or `narrowing` for checkpointed runs, `auto` when the planner
     /// chose per segment, `none` for plain.
     pub policy: &'static str,
     /// Peak tensor bytes above the step's baseline, largest over the steps after the

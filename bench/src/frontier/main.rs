@@ -102,6 +102,7 @@ fn configs(quick: bool, warmup: usize, steps: usize) -> Vec<Config> {
         p.extend([
             Point::Selective { segments: 3 },
             Point::Masks { segments: 3 },
+            Point::Narrowing { segments: 3 },
             Point::SelectiveMasks { segments: 3 },
         ]);
         // 30, 50 and 70 % as the issue asks; 40 % lands near 60 % less than plain, where

@@ -307,7 +307,8 @@ impl Report {
              `checkpoint(.., use_reentrant=False, context_fn=..)` with \
              `create_selective_checkpoint_contexts` and `MUST_SAVE` for `aten.addmm`, \
              `PREFER_RECOMPUTE` otherwise); ckpt only: `masks/3` (dropout masks kept, 1 bit an \
-             element), `selective+masks/3` (`Policy::selective()`), `budget P%` \
+             element), `narrowing/3` (`Policy::narrowing()`: the masks and the feed-forward \
+             down-projection's output), `selective+masks/3` (`Policy::selective()`), `budget P%` \
              (`segments = auto` within P % of plain's predicted peak).\n"
         );
         let _ = writeln!(

@@ -27,6 +27,9 @@ pub enum Point {
     Selective { segments: usize },
     /// The same cuts, each checkpointed segment keeping its dropout masks (ckpt only).
     Masks { segments: usize },
+    /// Dropout masks and narrowing Linears' outputs kept (`Policy::narrowing()`: the
+    /// feed-forward down-projection's; ckpt only).
+    Narrowing { segments: usize },
     /// Linear outputs and dropout masks kept (`Policy::selective()`; ckpt only).
     SelectiveMasks { segments: usize },
     /// `segments = auto` within this fraction of the plain run's predicted peak (ckpt
@@ -42,6 +45,7 @@ impl Point {
             Point::Full { segments } => format!("full/{segments}"),
             Point::Selective { segments } => format!("selective/{segments}"),
             Point::Masks { segments } => format!("masks/{segments}"),
+            Point::Narrowing { segments } => format!("narrowing/{segments}"),
             Point::SelectiveMasks { segments } => format!("selective+masks/{segments}"),
             Point::Budget { fraction } => format!("budget {:.0}%", fraction * 100.0),
         }
@@ -72,6 +76,9 @@ impl Point {
                 Strategy::Checkpointed(segments),
                 Policy::RECOMPUTE_ALL.save_dropout_masks(true),
             ),
+            Point::Narrowing { segments } => {
+                (Strategy::Checkpointed(segments), Policy::narrowing())
+            }
             Point::SelectiveMasks { segments } => {
                 (Strategy::Checkpointed(segments), Policy::selective())
             }

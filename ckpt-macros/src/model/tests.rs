@@ -253,7 +253,7 @@ fn checkpoint_argument_errors() {
     assert_eq!(
         e,
         [
-            "`policy` takes `full` (recompute everything, the default), `masks` (keep dropout masks) or `selective` (keep linear outputs and dropout masks): `policy = masks`"
+            "`policy` takes `full` (recompute everything, the default), `masks` (keep dropout masks), `narrowing` (keep dropout masks and narrowing linear outputs) or `selective` (keep linear outputs and dropout masks): `policy = masks`"
         ]
     );
     let e = one(quote!(#[checkpointed(segments = 2, policy = full, policy = selective)]));

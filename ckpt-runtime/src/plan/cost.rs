@@ -26,6 +26,9 @@ pub struct StageCost {
     /// [`Policy::masks`] (dropout masks kept); `None` when not
     /// profiled, which the planner takes as "keeps nothing, saves nothing".
     pub masks: Option<KeepCost>,
+    /// The same for [`Policy::narrowing`] (dropout masks and the outputs of narrowing
+    /// linear layers kept).
+    pub narrowing: Option<KeepCost>,
     /// The same for [`Policy::selective`] (linear outputs and dropout masks kept).
     pub selective: Option<KeepCost>,
 }
@@ -53,6 +56,7 @@ impl StageCost {
             backward_extra_bytes: 0,
             forward_seconds,
             masks: None,
+            narrowing: None,
             selective: None,
         }
     }
@@ -68,6 +72,8 @@ impl StageCost {
             Some(full)
         } else if policy == MASKS {
             Some(figure(self.masks))
+        } else if policy == NARROWING {
+            Some(figure(self.narrowing))
         } else if policy == Policy::selective() {
             Some(figure(self.selective))
         } else {
@@ -76,12 +82,28 @@ impl StageCost {
     }
 }
 
+impl StageCost {
+    /// Whether the profile has a figure for `policy` in this stage (full recompute always
+    /// has one: its forward).
+    pub(crate) fn has_figure(&self, policy: Policy) -> bool {
+        policy == Policy::RECOMPUTE_ALL
+            || (policy == MASKS && self.masks.is_some())
+            || (policy == NARROWING && self.narrowing.is_some())
+            || (policy == Policy::selective() && self.selective.is_some())
+    }
+}
+
 /// The masks-only policy ([`Policy::masks`]): dropout masks kept, linear outputs recomputed.
 pub(crate) const MASKS: Policy = Policy::masks();
 
+/// The masks-and-narrowing-linears policy ([`Policy::narrowing`]).
+pub(crate) const NARROWING: Policy = Policy::narrowing();
+
 /// The policies the planner chooses from for each checkpointed segment, in order of
-/// preference on ties: full recompute, dropout masks kept, selective.
-pub const PLANNED_POLICIES: [Policy; 3] = [Policy::RECOMPUTE_ALL, MASKS, Policy::selective()];
+/// preference on ties (the order of what they keep): full recompute, dropout masks kept,
+/// masks and narrowing linear outputs kept, selective.
+pub const PLANNED_POLICIES: [Policy; 4] =
+    [Policy::RECOMPUTE_ALL, MASKS, NARROWING, Policy::selective()];
 
 /// The policies an auto schedule chooses each checkpointed segment's from: all of
 /// [`PLANNED_POLICIES`] when the user fixed none, else the fixed one when the planner
@@ -227,7 +249,7 @@ impl ChainCost {
             match m {
                 SegmentMode::Checkpointed(p) if !PLANNED_POLICIES.contains(p) => {
                     return Err(CkptError::InvalidArgument(format!(
-                        "policy {p:?} is not one the planner models (full recompute, dropout masks kept, or selective)"
+                        "policy {p:?} is not one the planner models (full recompute, masks, narrowing or selective)"
                     )));
                 }
                 SegmentMode::Plain => {
@@ -268,7 +290,7 @@ impl ChainCost {
         self.check()?;
         if policies.is_empty() || policies.iter().any(|p| !PLANNED_POLICIES.contains(p)) {
             return Err(CkptError::InvalidArgument(format!(
-                "plan_with: policies {policies:?}: give at least one, each full recompute, dropout masks kept, or selective"
+                "plan_with: policies {policies:?}: give at least one, each full recompute, masks, narrowing or selective"
             )));
         }
         self.plan_keeping(objective, policies, &Keeping::none())
@@ -294,7 +316,7 @@ impl ChainCost {
         self.check()?;
         if policies.is_empty() || policies.iter().any(|p| !PLANNED_POLICIES.contains(p)) {
             return Err(CkptError::InvalidArgument(format!(
-                "plan_with: policies {policies:?}: give at least one, each full recompute, dropout masks kept, or selective"
+                "plan_with: policies {policies:?}: give at least one, each full recompute, masks, narrowing or selective"
             )));
         }
         let plain = dp::evaluate(self, &[], &[]).0;
@@ -358,7 +380,11 @@ impl ChainCost {
                     s.forward_seconds
                 )));
             }
-            for (what, k) in [("masks", s.masks), ("selective", s.selective)] {
+            for (what, k) in [
+                ("masks", s.masks),
+                ("narrowing", s.narrowing),
+                ("selective", s.selective),
+            ] {
                 if let Some(k) = k {
                     if !(k.recompute_seconds.is_finite() && k.recompute_seconds >= 0.0) {
                         return Err(CkptError::InvalidArgument(format!(

@@ -285,7 +285,7 @@ pub(super) fn has_policies(costs: &ChainCost) -> bool {
     costs
         .stages
         .iter()
-        .any(|s| s.masks.is_some() || s.selective.is_some())
+        .any(|s| s.masks.is_some() || s.narrowing.is_some() || s.selective.is_some())
 }
 
 pub(super) use front::plan_with_modes;

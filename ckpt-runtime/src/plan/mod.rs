@@ -178,7 +178,8 @@
 //! A checkpointed segment may also keep part of its forward's results so that its
 //! recompute replays them instead of computing them ([`Policy`](crate::Policy)); the
 //! planner chooses, per segment, among [`PLANNED_POLICIES`]: full recompute, dropout
-//! masks kept (`masks`), and `selective` (masks and `Linear` outputs kept). The profile
+//! masks kept (`masks`), masks and the outputs of narrowing `Linear`s kept (`narrowing`),
+//! and `selective` (masks and every `Linear` output kept). The profile
 //! gives per stage `i` and policy `P` the bytes `κ_i(P)` the policy keeps and the seconds
 //! `r_i(P)` of the stage's recompute when it replays them ([`StageCost::keep`]; full
 //! recompute keeps nothing and costs `forward_seconds`). In the cost model the kept bytes
@@ -267,7 +268,7 @@ pub use binomial::{
 };
 pub use budget::Budget;
 pub use cost::{ChainCost, KeepCost, Objective, PLANNED_POLICIES, StageCost};
-pub(crate) use cost::{MASKS, allowed_policies};
+pub(crate) use cost::{MASKS, NARROWING, allowed_policies};
 pub use modes::{Keeping, SegmentMode};
 pub(crate) use outcome::human_bytes;
 pub use outcome::{Phase, Plan, policy_name};

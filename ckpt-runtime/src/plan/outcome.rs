@@ -5,7 +5,7 @@
 use std::fmt;
 use std::ops::Range;
 
-use super::{ChainCost, MASKS, PLANNED_POLICIES, SegmentMode, StageCost, dp};
+use super::{ChainCost, MASKS, NARROWING, PLANNED_POLICIES, SegmentMode, StageCost, dp};
 use crate::Policy;
 
 /// The phase of a plan in which its predicted peak occurs.
@@ -234,7 +234,8 @@ impl Plan {
     /// segment's policy swapped (the same cuts, the others' policies unchanged) "would
     /// peak at X > budget Y" (or, planned for the least peak, "> Y, the least peak"), or
     /// "saves less time (Z more)" with its predicted extra time, or, at the same time, it
-    /// peaks higher, or it ties and the order full, masks, selective decided.
+    /// peaks higher, or it ties and the order full, masks, narrowing, selective decided. A
+    /// policy the profile has no figure for in any of the segment's stages is left out.
     pub fn explain(&self) -> String {
         use std::fmt::Write;
         let mut out = self.to_string();
@@ -298,6 +299,7 @@ impl Plan {
             let full = self.segment_keep(j, Policy::RECOMPUTE_ALL);
             let options: Vec<String> = PLANNED_POLICIES
                 .iter()
+                .filter(|&&p| self.offers(j, p))
                 .filter_map(|&p| {
                     let (k, t) = self.segment_keep(j, p)?;
                     let saved = full.map_or(0.0, |f| f.1 - t);
@@ -377,6 +379,18 @@ impl Plan {
     /// Why the planner did not give checkpointed segment `segment` each other policy it
     /// chose from: one line each, from the cost model's prediction for this plan with
     /// that segment's policy swapped (`dp::evaluate`, as the planner's own figures).
+    /// Whether explaining `segment` should name `policy`: the chosen one, full recompute,
+    /// or one the profile has a figure for in some stage of the segment (a policy that
+    /// keeps nothing there, such as `narrowing` without a narrowing linear, is left out).
+    fn offers(&self, segment: usize, policy: Policy) -> bool {
+        policy == self.policy_of(segment)
+            || self.ranges().get(segment).is_some_and(|r| {
+                self.stage_costs
+                    .get(r.clone())
+                    .is_some_and(|stages| stages.iter().any(|s| s.has_figure(policy)))
+            })
+    }
+
     fn ruled_out(&self, segment: usize) -> Vec<String> {
         let chosen = self.policy_of(segment);
         if self.allowed.len() < 2 || !self.modes.get(segment).is_some_and(|m| m.is_checkpointed()) {
@@ -391,7 +405,11 @@ impl Plan {
         // Times are sums of measured seconds in different orders: equal within rounding.
         let same_time = |t: f64| (t - extra).abs() <= 1e-9 * extra.abs().max(t.abs());
         let mut out = Vec::new();
-        for &p in self.allowed.iter().filter(|&&p| p != chosen) {
+        for &p in self
+            .allowed
+            .iter()
+            .filter(|&&p| p != chosen && self.offers(segment, p))
+        {
             let mut modes = self.modes.clone();
             modes[segment] = SegmentMode::Checkpointed(p);
             let (p_peak, _, p_extra) = dp::evaluate(&chain, &self.cuts, &modes);
@@ -418,7 +436,7 @@ impl Plan {
                     human_bytes(peak)
                 ),
                 _ if same_time(p_extra) && p_peak == peak => format!(
-                    "ties with {} (peak {}, extra time {}); ties go to full, masks, selective in that order",
+                    "ties with {} (peak {}, extra time {}); ties go to full, masks, narrowing, selective in that order",
                     policy_name(chosen),
                     human_bytes(p_peak),
                     human_seconds(p_extra)
@@ -435,13 +453,15 @@ impl Plan {
     }
 }
 
-/// The name of a policy in plans: `full`, `masks`, `selective` (the main program's
-/// `--policy` values), `linear` for linear outputs alone.
+/// The name of a policy in plans: `full`, `masks`, `narrowing`, `selective` (the main
+/// program's `--policy` values), `linear` for any other (linear outputs without masks).
 pub fn policy_name(policy: Policy) -> &'static str {
     if policy == Policy::RECOMPUTE_ALL {
         "full"
     } else if policy == MASKS {
         "masks"
+    } else if policy == NARROWING {
+        "narrowing"
     } else if policy == Policy::selective() {
         "selective"
     } else {

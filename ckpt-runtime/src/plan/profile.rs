@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tch::nn::{Module, ModuleT};
 use tch::{Device, Kind, Tensor};
 
-use super::{ChainCost, KeepCost, MASKS, StageCost};
+use super::{ChainCost, KeepCost, MASKS, NARROWING, StageCost};
 use crate::CkptError;
 use crate::checkpoint::{self, CheckpointOptions, Policy};
 use crate::ffi::{GradMode, PolicyProbe};
@@ -167,11 +167,15 @@ pub(crate) struct StageFigures {
 
 impl StageFigures {
     /// The stage's [`StageCost`]: these figures, its input bytes, and what the masks and
-    /// selective policies keep and cost ([`measure_policies`]).
+    /// narrowing and selective policies keep and cost ([`measure_policies`]).
     pub(crate) fn cost(
         self,
         input_bytes: u64,
-        (masks, selective): (Option<KeepCost>, Option<KeepCost>),
+        PolicyCosts {
+            masks,
+            narrowing,
+            selective,
+        }: PolicyCosts,
     ) -> StageCost {
         StageCost {
             input_bytes,
@@ -180,9 +184,19 @@ impl StageFigures {
             backward_extra_bytes: self.backward_extra_bytes,
             forward_seconds: self.forward_seconds,
             masks,
+            narrowing,
             selective,
         }
     }
+}
+
+/// What [`measure_policies`] measured of one stage: a [`KeepCost`] for each policy the
+/// planner models besides full recompute (see [`StageCost`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PolicyCosts {
+    pub masks: Option<KeepCost>,
+    pub narrowing: Option<KeepCost>,
+    pub selective: Option<KeepCost>,
 }
 
 /// The measuring core of every profiler: `run(true)`, a warm-up under `no_grad` whose
@@ -295,20 +309,21 @@ where
     })
 }
 
-/// What a stage keeps and what its recompute costs under the two selective policies the
-/// planner chooses from ([`StageCost::masks`], [`StageCost::selective`]), measured with
+/// What a stage keeps and what its recompute costs under the three selective policies the
+/// planner chooses from ([`StageCost::masks`], [`StageCost::narrowing`],
+/// [`StageCost::selective`]), measured with
 /// the runtime's own policy kernels (`csrc/policy.cpp`) on a cache outside any segment:
 /// `run(false)` under `no_grad` records as a checkpointed segment's forward would (the
 /// kept bytes are what the cache then holds: linear outputs, dropout masks and generator
 /// states), and `run(true)` with grad, on a detached leaf, replays as its recompute
 /// would, timed. A policy that keeps nothing in the stage (no linear layer, no CPU
 /// dropout in training mode) gets `None` without a timed run; so does one whose run
-/// fails. Cost: per stage and policy that keeps something, one forward without grad and
+/// fails, and `narrowing` where it keeps no more than `masks` (no narrowing linear). Cost: per stage and policy that keeps something, one forward without grad and
 /// one with grad.
 pub(crate) fn measure_policies<T>(
     device: Device,
     mut run: impl FnMut(bool) -> Result<T, CkptError>,
-) -> (Option<KeepCost>, Option<KeepCost>) {
+) -> PolicyCosts {
     let mut one = |policy: Policy| -> Option<KeepCost> {
         let probe = PolicyProbe::new(policy.bits())?;
         {
@@ -337,7 +352,16 @@ pub(crate) fn measure_policies<T>(
     // Dropout masks are part of what the selective policy keeps: nothing kept there,
     // nothing kept with masks alone.
     let masks = selective.and_then(|_| one(MASKS));
-    (masks, selective)
+    // Narrowing linears' outputs are part of it too. A stage with none keeps what masks
+    // keeps and is not measured again: the planner then sees no choice there.
+    let narrowing = selective
+        .and_then(|_| one(NARROWING))
+        .filter(|n| masks.is_none_or(|m| n.kept_bytes > m.kept_bytes));
+    PolicyCosts {
+        masks,
+        narrowing,
+        selective,
+    }
 }
 
 fn seconds(d: Duration) -> f64 {

@@ -150,14 +150,16 @@ pub(super) fn policy_stage() -> impl Strategy<Value = StageCost> {
         quarters(10),
         keep_cost(),
         keep_cost(),
+        keep_cost(),
     )
-        .prop_map(|((i, k, f, b), s, masks, selective)| StageCost {
+        .prop_map(|((i, k, f, b), s, masks, narrowing, selective)| StageCost {
             input_bytes: i,
             kept_bytes: k,
             forward_extra_bytes: f,
             backward_extra_bytes: b,
             forward_seconds: s,
             masks,
+            narrowing,
             selective,
         })
 }

@@ -73,7 +73,7 @@ fn explain_says_why_each_other_policy_was_ruled_out() {
     assert_eq!(plan.policies(), [Policy::RECOMPUTE_ALL]);
     assert_eq!(
         ruled_out(&plan)[0],
-        "not masks: ties with full (peak 16 B, extra time 1.000 s); ties go to full, masks, selective in that order"
+        "not masks: ties with full (peak 16 B, extra time 1.000 s); ties go to full, masks, narrowing, selective in that order"
     );
 }
 
@@ -101,5 +101,46 @@ fn explain_rules_out_nothing_without_a_choice() {
     assert_eq!(
         ruled_out(&two),
         ["not selective: would peak at 19 B > budget 17 B"]
+    );
+}
+
+/// A narrowing figure between masks' and selective's: chosen where it fits, named where
+/// the profile has it, left out of the account where it has none (the tests above).
+#[test]
+fn explain_names_narrowing_where_the_profile_has_it() {
+    let mut costs = chain((1, 0.5));
+    for s in &mut costs.stages {
+        s.narrowing = Some(KeepCost {
+            kept_bytes: 2,
+            recompute_seconds: 0.375,
+        });
+    }
+    // Within 18 B: full 16 B in 1 s, masks 17 B in 0.5 s, narrowing 18 B in 0.375 s,
+    // selective 19 B.
+    let plan = costs.plan_within(Budget::Bytes(18)).unwrap();
+    assert_eq!(plan.policies(), [Policy::narrowing()]);
+    assert_eq!(plan.predicted_peak_bytes(), 18);
+    let text = plan.explain();
+    assert!(
+        text.contains("checkpointed, policy narrowing\n     full keeps 0 B, recompute 1.000 s (saves 0 s);  masks keeps 1 B, recompute 500.000 ms (saves 500.000 ms); *narrowing keeps 2 B, recompute 375.000 ms (saves 625.000 ms);  selective keeps 3 B"),
+        "{text}"
+    );
+    assert_eq!(
+        ruled_out(&plan),
+        [
+            "not full: saves less time (625.000 ms more: extra time 1.000 s against 375.000 ms)",
+            "not masks: saves less time (125.000 ms more: extra time 500.000 ms against 375.000 ms)",
+            "not selective: would peak at 19 B > budget 18 B",
+        ]
+    );
+    // The least peak: full again, and each other policy's peak said.
+    let plan = costs.plan_min_peak().unwrap();
+    assert_eq!(
+        ruled_out(&plan),
+        [
+            "not masks: would peak at 17 B > 16 B, the least peak",
+            "not narrowing: would peak at 18 B > 16 B, the least peak",
+            "not selective: would peak at 19 B > 16 B, the least peak",
+        ]
     );
 }
