@@ -1,7 +1,7 @@
 //! The planner's choice of policy per checkpointed segment for `#[checkpointed(budget =
 //! "..")]` functions (issue 14, "the planner chooses", as `tests/plan_policies.rs` does for
 //! `model!`): a layer loop over the encoder's blocks (`ckpt-models/src/encoder.rs`, small
-//! shapes, dropout 0.1). The profile measures what the masks and selective policies keep
+//! shapes, dropout 0.1). The profile measures what the masks, narrowing and selective policies keep
 //! in each block (exact bytes); each segment runs with its planned policy, the measured
 //! peak (exact CPU byte counter) is within 10 % of the prediction and gradients are
 //! bit-equal to the plain function's; a declared `policy = ..` is never overridden, on a
@@ -179,14 +179,21 @@ fn budget_functions_choose_a_policy_per_segment_and_predict_the_measured_peak() 
             "{name}: {plan}"
         );
         // The explanation says, for each checkpointed segment, why each of the three
-        // other policies lost (the planner may also keep segments, which have none).
+        // other policies lost, `narrowing` only where a stage of the segment has a
+        // narrowing linear (the planner may also keep segments, which have none).
         let text = plan.explain();
         let reasons = ruled_out(&text);
-        assert_eq!(
-            reasons.len(),
-            (PLANNED_POLICIES.len() - 1) * checkpointed_policies(&plan).len(),
-            "{name}: {text}"
-        );
+        let expected: usize = plan
+            .ranges()
+            .into_iter()
+            .enumerate()
+            .filter(|&(j, _)| j < plan.cuts().len() && plan.mode(j).is_checkpointed())
+            .map(|(_, r)| {
+                let narrowing = plan.stage_costs()[r].iter().any(|s| s.narrowing.is_some());
+                PLANNED_POLICIES.len() - 1 - usize::from(!narrowing)
+            })
+            .sum();
+        assert_eq!(reasons.len(), expected, "{name}: {text}");
         for r in reasons {
             assert!(
                 r.contains("> budget")
@@ -196,7 +203,7 @@ fn budget_functions_choose_a_policy_per_segment_and_predict_the_measured_peak() 
                 "{name}: {r}"
             );
         }
-        // The profile measured both policies in every block (each has Linear layers
+        // The profile measured the three policies in every block (each has Linear layers
         // and training-mode dropout): the masks keep one bit an element of each
         // dropout, at least those of the two residual branches (`[batch, seq, d_model]`)
         // and of the feed-forward layer (4 times wider); narrowing also the feed-forward

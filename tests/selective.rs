@@ -610,3 +610,53 @@ fn narrowing_policy_keeps_the_masks_and_the_narrowing_linear_outputs() {
     let kept = kept_by(&x, |x| four_narrowing(&blocks, x)) - kept_by(&x, |x| four_full(&blocks, x));
     assert_eq!(kept, masks_kept_by(&blocks[..2], &x) + 2 * ff2_out);
 }
+
+ckpt::model! {
+    #[checkpointed(segments = 2, policy = narrowing)]
+    struct NarrowingStack(p) {
+        blocks: [Block; 4] = Block::new(p) => |b, xs| b.forward(xs),
+    }
+}
+
+/// `model!` with `policy = narrowing`: the plain run's outputs and gradients bit for
+/// bit, and the checkpointed blocks' masks and `ff2` outputs kept (exact bytes beyond
+/// full recompute).
+#[test]
+fn model_takes_the_narrowing_policy() {
+    let _rng = rng();
+    tch::manual_seed(14);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let mut model = NarrowingStack::new(vs.root());
+    assert_eq!(model.policy(), Policy::narrowing());
+    let (b, t) = (2i64, 16i64);
+    let x = Tensor::randn([b, t, D], (Kind::Float, Device::Cpu));
+    let narrow = step(&vs, &x, &|x| model.forward(x));
+    let kept_narrow = kept_by(&x, |x| model.forward(x));
+    model.set_policy(Policy::RECOMPUTE_ALL);
+    let kept_full = kept_by(&x, |x| model.forward(x));
+    model.set_segments(1).unwrap();
+    let plain = step(&vs, &x, &|x| model.forward(x));
+    assert_all_equal("model!, narrowing vs plain", &narrow, &plain);
+    assert_eq!(
+        kept_narrow - kept_full,
+        masks_kept_by(&model.blocks[..2], &x) + 2 * b * t * D * 4
+    );
+}
+
+/// Policies that keep the same things are equal (and hash alike): `save_linear` implies
+/// the narrowing linears' outputs.
+#[test]
+fn policies_that_keep_the_same_things_are_equal() {
+    use std::collections::HashSet;
+    let same = [
+        Policy::selective(),
+        Policy::selective().save_narrowing_linear(true),
+        Policy::narrowing().save_linear(true),
+    ];
+    assert!(same.iter().all(|&p| p == Policy::selective()));
+    assert_eq!(same.iter().collect::<HashSet<_>>().len(), 1);
+    assert_ne!(Policy::narrowing(), Policy::masks());
+    assert_ne!(Policy::narrowing(), Policy::selective());
+    assert_eq!(ckpt::plan::policy_name(same[1]), "selective");
+    assert_eq!(ckpt::plan::policy_name(Policy::narrowing()), "narrowing");
+}

@@ -223,11 +223,12 @@ fn quick_run_on_a_tiny_text_corpus() {
     assert!(stdout.contains("neg, pos"), "{stdout}");
 }
 
-/// `--policy full --policy masks --policy selective`: four runs taking turns, the same
-/// numbers in each, and peaks ordered by what the checkpointed segments keep (the
-/// input; plus the dropout masks; plus the Linear outputs; everything, plain). The masks
-/// are freed by the recompute, before the gradients of its segment exist, so they can
-/// leave the peak where it was.
+/// `--policy full --policy masks --policy narrowing --policy selective`: five runs taking
+/// turns, the same numbers in each, and peaks ordered by what the checkpointed segments
+/// keep (the input; plus the dropout masks; plus the narrowing Linears' outputs; plus
+/// every Linear output; everything, plain). The masks and the small narrowing outputs are
+/// freed by the recompute, before the gradients of its segment exist, so they can leave
+/// the peak where it was.
 #[test]
 fn policies_keep_the_numbers_and_order_the_peaks() {
     let tmp = tempfile::tempdir().unwrap();

@@ -208,7 +208,7 @@ at::Tensor linear_replay(Cache& c, const at::Tensor& input, const at::Tensor& we
 // with kSaveLinear; with kSaveNarrowingLinear only a narrowing one's (a 2-d weight
 // [out_features, in_features] with out_features < in_features, such as a transformer's
 // feed-forward down-projection), whose output costs 2 in_features flops an element to
-// recompute, more than any wider layer of the same input width, for the fewest bytes.
+// recompute, more than the layers on the narrower input, for the fewest bytes.
 // Record and replay ask the same question of the same weight, so they agree on which
 // calls take a cache entry.
 bool keeps_linear(uint32_t flags, const at::Tensor& weight) {

@@ -187,9 +187,9 @@ impl CheckpointOptions {
 /// - **narrowing linear outputs** (`save_narrowing_linear`): the same, only for a
 ///   `Linear` with fewer output than input features (`out_features < in_features`, such as
 ///   a transformer's feed-forward down-projection, `[.., d_ff] -> [.., d_model]`): its
-///   output costs `2 * in_features` flops an element to recompute, more than any wider
-///   layer on the same input width, and is the narrowest tensor of its block. Implied by
-///   `save_linear`.
+///   output costs `2 * in_features` flops an element to recompute, more than the layers
+///   on the narrower input (`2 * d_ff` against `2 * d_model`), and is among the narrowest
+///   tensors of its block. Implied by `save_linear`.
 /// - **dropout masks** (`save_dropout_masks`, CPU): a bit mask (1 bit an element, 8 a byte) and
 ///   the generator's state after the draw (about 5 KiB on CPU) for every training-mode
 ///   `dropout`; the recompute rebuilds the noise instead of drawing it again.
@@ -200,7 +200,11 @@ impl CheckpointOptions {
 /// recompute that calls linear or dropout in another order or on other shapes than
 /// forward did fails backward with an error. Bytes kept by a segment are freed after its
 /// recompute (kept while `keep_graph` allows a second backward).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+///
+/// Two policies are equal when they keep the same things: `save_linear` implies
+/// `save_narrowing_linear`, so `Policy::selective().save_narrowing_linear(true) ==
+/// Policy::selective()`.
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Policy {
     save_linear: bool,
     save_narrowing_linear: bool,
@@ -278,9 +282,34 @@ impl Policy {
 
     /// The bits `csrc/policy.h` reads.
     pub(crate) fn bits(self) -> u32 {
-        u32::from(self.save_linear)
-            | (u32::from(self.save_dropout_masks) << 1)
-            | (u32::from(self.save_narrowing_linear) << 2)
+        let (linear, narrowing, masks) = self.key();
+        u32::from(linear) | (u32::from(masks) << 1) | (u32::from(narrowing) << 2)
+    }
+}
+
+impl Policy {
+    /// What the policy keeps, with the narrowing-linear flag implied by `save_linear`
+    /// folded in: equality and hashing compare this.
+    const fn key(self) -> (bool, bool, bool) {
+        (
+            self.save_linear,
+            self.save_narrowing_linear && !self.save_linear,
+            self.save_dropout_masks,
+        )
+    }
+}
+
+impl PartialEq for Policy {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Policy {}
+
+impl std::hash::Hash for Policy {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
     }
 }
 

@@ -87,7 +87,8 @@ pub struct RunJson {
     pub name: String,
     /// Segments (0 = plain).
     pub segments: usize,
-    /// What checkpointed segments keep: `full`, `selective`, or `none` (plain).
+    /// What checkpointed segments keep: `full`, `masks`, `narrowing`, `selective`, `auto`
+    /// (the planner chose per segment), or `none` (plain).
     pub policy: String,
     /// Peak tensor bytes above the pre-step baseline of a steady training step.
     pub peak_bytes: i64,

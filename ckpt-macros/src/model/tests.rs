@@ -249,6 +249,7 @@ fn checkpoint_argument_errors() {
     assert!(one(quote!(#[checkpointed(segments = 2, policy = selective)])).is_empty());
     assert!(one(quote!(#[checkpointed(segments = 2, policy = full)])).is_empty());
     assert!(one(quote!(#[checkpointed(segments = 2, policy = masks)])).is_empty());
+    assert!(one(quote!(#[checkpointed(segments = 2, policy = narrowing)])).is_empty());
     let e = one(quote!(#[checkpointed(segments = 2, policy = fast)]));
     assert_eq!(
         e,

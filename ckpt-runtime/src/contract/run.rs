@@ -247,7 +247,7 @@ pub(super) fn profile_env(
             },
             &leaves,
         )?;
-        // What the stage keeps and costs to recompute under the masks and selective
+        // What the stage keeps and costs to recompute under the masks, narrowing and selective
         // policies, as `plan::profile_sequential` measures a model's stage.
         let policies = measure_policies(device, |leaf| {
             let mut e = local(leaf);

@@ -27,14 +27,16 @@ pub struct StageCost {
     /// profiled, which the planner takes as "keeps nothing, saves nothing".
     pub masks: Option<KeepCost>,
     /// The same for [`Policy::narrowing`] (dropout masks and the outputs of narrowing
-    /// linear layers kept).
+    /// linear layers kept); `None` also where the stage has no narrowing linear, which
+    /// the planner then costs as [`StageCost::masks`] (what the policy keeps there).
     pub narrowing: Option<KeepCost>,
     /// The same for [`Policy::selective`] (linear outputs and dropout masks kept).
     pub selective: Option<KeepCost>,
 }
 
 /// What a stage keeps, and what its recompute costs, in a segment checkpointed with a
-/// selective [`Policy`] (see [`StageCost::masks`], [`StageCost::selective`]).
+/// selective [`Policy`] (see [`StageCost::masks`], [`StageCost::narrowing`],
+/// [`StageCost::selective`]).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct KeepCost {
     /// Bytes the policy keeps from the segment's forward until its recompute is done
@@ -63,8 +65,10 @@ impl StageCost {
 
     /// What the stage keeps (bytes) and what recomputing it costs (seconds) in a segment
     /// checkpointed with `policy`: `(0, forward_seconds)` for [`Policy::RECOMPUTE_ALL`] and
-    /// for a policy the profile has no figure for; `None` for a policy the planner does
-    /// not model (linear outputs without dropout masks).
+    /// for a policy the profile has no figure for (for [`Policy::narrowing`] without a
+    /// figure, the masks' one: what it keeps in a stage without a narrowing linear);
+    /// `None` for a policy the planner does not model (one not in [`PLANNED_POLICIES`],
+    /// such as linear outputs without dropout masks).
     pub fn keep(&self, policy: Policy) -> Option<(u64, f64)> {
         let full = (0, self.forward_seconds);
         let figure = |k: Option<KeepCost>| k.map_or(full, |k| (k.kept_bytes, k.recompute_seconds));
@@ -73,23 +77,12 @@ impl StageCost {
         } else if policy == MASKS {
             Some(figure(self.masks))
         } else if policy == NARROWING {
-            Some(figure(self.narrowing))
+            Some(figure(self.narrowing.or(self.masks)))
         } else if policy == Policy::selective() {
             Some(figure(self.selective))
         } else {
             None
         }
-    }
-}
-
-impl StageCost {
-    /// Whether the profile has a figure for `policy` in this stage (full recompute always
-    /// has one: its forward).
-    pub(crate) fn has_figure(&self, policy: Policy) -> bool {
-        policy == Policy::RECOMPUTE_ALL
-            || (policy == MASKS && self.masks.is_some())
-            || (policy == NARROWING && self.narrowing.is_some())
-            || (policy == Policy::selective() && self.selective.is_some())
     }
 }
 

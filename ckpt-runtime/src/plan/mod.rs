@@ -203,7 +203,7 @@
 //! figures, or with the policies fixed to full recompute, runs the programs above);
 //! the worst case is exponential in the chain's length. Both programs are checked
 //! against exhaustive search over every cut set and policy assignment by the property
-//! tests of `plan/dp.rs` (500 random chains each, up to 7 stages and 3^6 policy
+//! tests of `plan/dp.rs` (500 random chains each, up to 7 stages and 4^6 policy
 //! assignments per cut set).
 //!
 //! # Kept segments (keep or recompute, per segment)

@@ -234,8 +234,9 @@ impl Plan {
     /// segment's policy swapped (the same cuts, the others' policies unchanged) "would
     /// peak at X > budget Y" (or, planned for the least peak, "> Y, the least peak"), or
     /// "saves less time (Z more)" with its predicted extra time, or, at the same time, it
-    /// peaks higher, or it ties and the order full, masks, narrowing, selective decided. A
-    /// policy the profile has no figure for in any of the segment's stages is left out.
+    /// peaks higher, or it ties and the order full, masks, narrowing, selective decided.
+    /// `narrowing` is left out of a segment without a narrowing linear (there it is
+    /// `masks`).
     pub fn explain(&self) -> String {
         use std::fmt::Write;
         let mut out = self.to_string();
@@ -376,21 +377,22 @@ impl Plan {
 }
 
 impl Plan {
-    /// Why the planner did not give checkpointed segment `segment` each other policy it
-    /// chose from: one line each, from the cost model's prediction for this plan with
-    /// that segment's policy swapped (`dp::evaluate`, as the planner's own figures).
-    /// Whether explaining `segment` should name `policy`: the chosen one, full recompute,
-    /// or one the profile has a figure for in some stage of the segment (a policy that
-    /// keeps nothing there, such as `narrowing` without a narrowing linear, is left out).
+    /// Whether explaining `segment` should name `policy`: every policy but `narrowing`
+    /// where no stage of the segment has a narrowing linear (it would keep and cost what
+    /// `masks` does there), unless it is the chosen one.
     fn offers(&self, segment: usize, policy: Policy) -> bool {
-        policy == self.policy_of(segment)
+        policy != NARROWING
+            || policy == self.policy_of(segment)
             || self.ranges().get(segment).is_some_and(|r| {
                 self.stage_costs
                     .get(r.clone())
-                    .is_some_and(|stages| stages.iter().any(|s| s.has_figure(policy)))
+                    .is_some_and(|stages| stages.iter().any(|s| s.narrowing.is_some()))
             })
     }
 
+    /// Why the planner did not give checkpointed segment `segment` each other policy it
+    /// chose from: one line each, from the cost model's prediction for this plan with
+    /// that segment's policy swapped (`dp::evaluate`, as the planner's own figures).
     fn ruled_out(&self, segment: usize) -> Vec<String> {
         let chosen = self.policy_of(segment);
         if self.allowed.len() < 2 || !self.modes.get(segment).is_some_and(|m| m.is_checkpointed()) {

@@ -309,8 +309,8 @@ where
     })
 }
 
-/// What a stage keeps and what its recompute costs under the three selective policies the
-/// planner chooses from ([`StageCost::masks`], [`StageCost::narrowing`],
+/// What a stage keeps and what its recompute costs under the three policies besides full
+/// recompute that the planner chooses from ([`StageCost::masks`], [`StageCost::narrowing`],
 /// [`StageCost::selective`]), measured with
 /// the runtime's own policy kernels (`csrc/policy.cpp`) on a cache outside any segment:
 /// `run(false)` under `no_grad` records as a checkpointed segment's forward would (the
@@ -318,20 +318,22 @@ where
 /// states), and `run(true)` with grad, on a detached leaf, replays as its recompute
 /// would, timed. A policy that keeps nothing in the stage (no linear layer, no CPU
 /// dropout in training mode) gets `None` without a timed run; so does one whose run
-/// fails, and `narrowing` where it keeps no more than `masks` (no narrowing linear). Cost: per stage and policy that keeps something, one forward without grad and
+/// fails, and `narrowing` where it keeps no more than `masks` (no narrowing linear: its
+/// record runs, its replay is not timed). Cost: per stage and policy that keeps something, one forward without grad and
 /// one with grad.
 pub(crate) fn measure_policies<T>(
     device: Device,
     mut run: impl FnMut(bool) -> Result<T, CkptError>,
 ) -> PolicyCosts {
-    let mut one = |policy: Policy| -> Option<KeepCost> {
+    // `floor`: a policy that keeps no more bytes than this is not timed (`None`).
+    let mut one = |policy: Policy, floor: u64| -> Option<KeepCost> {
         let probe = PolicyProbe::new(policy.bits())?;
         {
             let _no_grad = GradMode::set(false);
             drop(probe.record(|| run(false)).ok()?);
         }
         let kept_bytes = probe.bytes();
-        if kept_bytes == 0 {
+        if kept_bytes <= floor {
             return None;
         }
         sync(device);
@@ -348,15 +350,14 @@ pub(crate) fn measure_policies<T>(
             recompute_seconds: seconds(elapsed),
         })
     };
-    let selective = one(Policy::selective());
+    let selective = one(Policy::selective(), 0);
     // Dropout masks are part of what the selective policy keeps: nothing kept there,
     // nothing kept with masks alone.
-    let masks = selective.and_then(|_| one(MASKS));
+    let masks = selective.and_then(|_| one(MASKS, 0));
     // Narrowing linears' outputs are part of it too. A stage with none keeps what masks
-    // keeps and is not measured again: the planner then sees no choice there.
-    let narrowing = selective
-        .and_then(|_| one(NARROWING))
-        .filter(|n| masks.is_none_or(|m| n.kept_bytes > m.kept_bytes));
+    // keeps: its replay is not timed, and the planner costs `narrowing` there as `masks`
+    // ([`StageCost::keep`]).
+    let narrowing = selective.and_then(|_| one(NARROWING, masks.map_or(0, |m| m.kept_bytes)));
     PolicyCosts {
         masks,
         narrowing,

@@ -144,3 +144,52 @@ fn explain_names_narrowing_where_the_profile_has_it() {
         ]
     );
 }
+
+/// A stage without a narrowing linear (masks and selective keep the same: no linear at
+/// all) keeps and costs under `narrowing` what it does under `masks`, which is what the
+/// runtime keeps there; `explain` does not offer `narrowing` for a segment of such
+/// stages alone.
+#[test]
+fn narrowing_costs_a_stage_without_a_narrowing_linear_as_masks() {
+    let figure = |kept_bytes, recompute_seconds| {
+        Some(KeepCost {
+            kept_bytes,
+            recompute_seconds,
+        })
+    };
+    let mut dropout_only = StageCost::new(4, 8, 1.0);
+    dropout_only.masks = figure(1, 0.5);
+    dropout_only.selective = figure(1, 0.5);
+    let mut block = StageCost::new(4, 8, 1.0);
+    block.masks = figure(1, 0.5);
+    block.narrowing = figure(2, 0.25);
+    block.selective = figure(3, 0.125);
+    assert_eq!(dropout_only.keep(Policy::narrowing()), Some((1, 0.5)));
+    assert_eq!(block.keep(Policy::narrowing()), Some((2, 0.25)));
+    let costs = ChainCost {
+        stages: vec![dropout_only, block, StageCost::new(4, 8, 1.0)],
+        output_bytes: 4,
+        checkpoint_bytes: 0,
+    };
+    let both = costs
+        .evaluate_with_policies(&[2], &[Policy::narrowing()])
+        .unwrap();
+    assert_eq!(both.segment_keep(0, Policy::narrowing()), Some((3, 0.75)));
+    assert_eq!(both.predicted_extra_seconds(), 0.75);
+    assert!(
+        both.explain().contains("*narrowing keeps 3 B"),
+        "{}",
+        both.explain()
+    );
+    let alone = costs
+        .evaluate_with_policies(&[1], &[Policy::masks()])
+        .unwrap();
+    let text = alone.explain();
+    assert!(text.contains("*masks keeps 1 B"), "{text}");
+    assert!(!text.contains("narrowing keeps"), "{text}");
+    // A policy equal to selective (save_linear implies the narrowing outputs) plans as
+    // selective.
+    let same = Policy::selective().save_narrowing_linear(true);
+    let plan = costs.plan_with(&Objective::MinPeak, &[same]).unwrap();
+    assert!(plan.policies().iter().all(|&p| p == Policy::selective()));
+}
