@@ -9,7 +9,7 @@ mod common;
 use std::sync::{Mutex, MutexGuard};
 
 use ckpt::{CheckpointOptions, Policy, ShallowClone};
-use common::{assert_all_equal, grads_and_output};
+use common::{assert_all_equal, grads_and_output, kept_by};
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
@@ -388,16 +388,6 @@ fn stack_full(blocks: &[Block], x: &Tensor) -> Tensor {
         x = b.forward(&x);
     }
     x
-}
-
-/// Bytes alive after `f` ran forward on `x` (its output and what its graph keeps).
-fn kept_by(x: &Tensor, f: impl FnOnce(&Tensor) -> Tensor) -> i64 {
-    let x = x.detach().set_requires_grad(true);
-    let before = ckpt::memory::current_bytes(Device::Cpu);
-    let y = f(&x);
-    let after = ckpt::memory::current_bytes(Device::Cpu);
-    drop(y);
-    after - before
 }
 
 /// `#[checkpointed(policy = selective)]`: plain gradients, and more kept than the full

@@ -190,7 +190,7 @@ std::vector<at::Tensor> run_forward(Segment& seg, const std::vector<at::Tensor>&
     rng_before = ckpt::RngProbe::take(devices);
   }
   seg.autocast = AutocastState::capture();
-  seg.policy = ckpt_policy::cache_for_new_segment();
+  seg.policy = ckpt_policy::cache_for_new_segment(seg.preserve_rng_state);
 
   std::vector<at::Tensor> outs;
   {

@@ -21,7 +21,8 @@
 //   would (view of the input, `t()` of the weight, PyTorch's own `AddmmBackward0` node
 //   with the tensors it saves, view of the result) around the kept result; dropout
 //   rebuilds the noise from the bits, laid out as the input (0/1 floats divided by
-//   1 - p are bit-equal to the drawn ones), puts the generator where the draw left it, and multiplies.
+//   1 - p are bit-equal to the drawn ones), puts the generator where the draw left it
+//   (with preserve_rng_state only: `Cache::sets_generator`), and multiplies.
 // Gradients are therefore bit-equal to the full recompute's, and to the plain model's.
 //
 // A policy may keep only the outputs of narrowing linears (out_features < in_features,
@@ -63,10 +64,31 @@
 
 namespace ckpt_policy {
 
+// Where a weight's values live, as the replay compares them: its first element, sizes
+// and strides (a weight without strided storage, which is never on the fused path: null
+// and nothing else).
+struct WeightKey {
+  const void* data = nullptr;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+
+  explicit WeightKey(const at::Tensor& w) {
+    if (w.layout() == c10::kStrided && w.has_storage()) {
+      data = w.const_data_ptr();
+      sizes = w.sizes().vec();
+      strides = w.strides().vec();
+    }
+  }
+  bool operator==(const WeightKey& o) const {
+    return data == o.data && sizes == o.sizes && strides == o.strides;
+  }
+};
+
 struct LinearEntry {
-  at::Tensor out2d;                // addmm's result, [rows, out_features]
+  at::Tensor out2d;                // addmm's result, [rows, out_features]; undefined
+                                   // for a call off the fused path (nothing kept)
   std::vector<int64_t> in_sizes;   // the input's sizes, checked on replay
-  const void* weight_data;         // the weight's storage, checked on replay
+  WeightKey weight;                // the weight's values, checked on replay
   uint32_t version;                // out2d's version when recorded
 };
 
@@ -80,6 +102,11 @@ struct DropoutEntry {
 
 struct Cache {
   uint32_t flags = 0;
+  // Whether a replayed dropout puts the generator where forward's draw left it: with
+  // preserve_rng_state, whose recompute starts from forward's state and hands the
+  // generator back as it found it (csrc/ckpt.cpp). Without it the recompute runs on the
+  // generator as it is, and a replay that moved it would rewind it to forward's draws.
+  bool sets_generator = true;
   std::vector<LinearEntry> linears;
   std::vector<DropoutEntry> dropouts;
   size_t next_linear = 0;
@@ -154,16 +181,24 @@ at::Tensor from_2d(const at::Tensor& out2d, const at::Tensor& input) {
   return out2d.view(sizes);
 }
 
+// Every call the policy would keep takes an entry, in order, also one off the fused path
+// (kept: nothing), so that a recompute whose call leaves or joins the fused path (another
+// layout of the same values) does not shift the entries of the calls after it.
 at::Tensor linear_record(Cache& c, const at::Tensor& input, const at::Tensor& weight,
-                         const at::Tensor& bias) {
-  at::Tensor out2d = at::addmm(bias, as_2d(input), weight.t());
-  c.linears.push_back({out2d, input.sizes().vec(), weight.storage().data(),
-                       static_cast<uint32_t>(out2d._version())});
-  return from_2d(out2d, input);
+                         const c10::optional<at::Tensor>& bias) {
+  const bool fused = fused_path(input, weight, bias);
+  at::Tensor out2d = fused ? at::addmm(*bias, as_2d(input), weight.t()) : at::Tensor();
+  c.linears.push_back({out2d, input.sizes().vec(), WeightKey(weight),
+                       fused ? static_cast<uint32_t>(out2d._version()) : 0u});
+  if (!fused) return at::native::linear(input, weight, bias);
+  // A 2-d input's result is returned as a view of the kept tensor, as a 3-d one's is:
+  // never the kept tensor itself, which the segment would then have to hand out as an
+  // alias (a view the caller could not modify in place).
+  return input.dim() == 2 ? out2d.view(out2d.sizes()) : from_2d(out2d, input);
 }
 
 at::Tensor linear_replay(Cache& c, const at::Tensor& input, const at::Tensor& weight,
-                         const at::Tensor& bias) {
+                         const c10::optional<at::Tensor>& bias_opt) {
   if (c.next_linear >= c.linears.size()) {
     diverged("called linear more often than forward did (" +
              std::to_string(c.linears.size()) + " times)");
@@ -173,11 +208,14 @@ at::Tensor linear_replay(Cache& c, const at::Tensor& input, const at::Tensor& we
     diverged("called linear on an input of sizes " + sizes_str(input.sizes()) +
              " where forward's input had sizes " + sizes_str(e.in_sizes));
   }
-  if (e.weight_data != weight.storage().data() ||
+  if (!e.out2d.defined() || !fused_path(input, weight, bias_opt) ||
+      !(e.weight == WeightKey(weight)) ||
       static_cast<uint32_t>(e.out2d._version()) != e.version) {
-    // Another weight, or the kept output was changed in place after forward: compute.
-    return at::native::linear(input, weight, bias);
+    // Nothing kept (forward's call was off the fused path), this call is off it, another
+    // weight, or the kept output was changed in place after forward: compute.
+    return at::native::linear(input, weight, bias_opt);
   }
+  const at::Tensor& bias = *bias_opt;
   at::Tensor in2d = as_2d(input);
   at::Tensor wt = weight.t();
   // A new tensor on the kept storage, which the node below becomes the grad_fn of.
@@ -219,12 +257,13 @@ bool keeps_linear(uint32_t flags, const at::Tensor& weight) {
 at::Tensor linear_kernel(const at::Tensor& input, const at::Tensor& weight,
                          const c10::optional<at::Tensor>& bias) {
   Cache* c = t_cache;
-  if (t_mode == kOff || c == nullptr || !keeps_linear(c->flags, weight) ||
-      !fused_path(input, weight, bias)) {
+  // A nested input (whose sizes are not one list) takes no entry, in forward as in the
+  // recompute, which computes the same thing.
+  if (t_mode == kOff || c == nullptr || input.is_nested() || !keeps_linear(c->flags, weight)) {
     return at::native::linear(input, weight, bias);
   }
-  if (t_mode == kRecord) return linear_record(*c, input, weight, *bias);
-  return linear_replay(*c, input, weight, *bias);
+  if (t_mode == kRecord) return linear_record(*c, input, weight, bias);
+  return linear_replay(*c, input, weight, bias);
 }
 
 // ---------------------------------------------------------------------------------
@@ -342,16 +381,17 @@ at::Tensor dropout_kernel(const at::Tensor& input, double p, bool train) {
              std::to_string(e.p) + ") on sizes " + sizes_str(e.sizes));
   }
   at::Tensor noise = unpack_scaled_noise(e.bits, input, p);
-  set_cpu_generator_state(e.state_after);
+  if (c->sets_generator) set_cpu_generator_state(e.state_after);
   return input * noise;
 }
 
 }  // namespace
 
-std::shared_ptr<Cache> cache_for_new_segment() {
+std::shared_ptr<Cache> cache_for_new_segment(bool preserve_rng_state) {
   if (t_next_flags == 0) return nullptr;
   auto c = std::make_shared<Cache>();
   c->flags = t_next_flags;
+  c->sets_generator = preserve_rng_state;
   return c;
 }
 
@@ -364,7 +404,9 @@ void release(Cache* cache) {
 int64_t bytes(const Cache* cache) {
   if (cache == nullptr) return 0;
   int64_t n = 0;
-  for (const auto& e : cache->linears) n += static_cast<int64_t>(e.out2d.nbytes());
+  for (const auto& e : cache->linears) {
+    if (e.out2d.defined()) n += static_cast<int64_t>(e.out2d.nbytes());
+  }
   for (const auto& e : cache->dropouts) {
     n += static_cast<int64_t>(e.bits.nbytes() + e.state_after.nbytes());
   }

@@ -17,8 +17,10 @@ constexpr uint32_t kSaveNarrowingLinear = 4;
 struct Cache;
 
 // A cache for the segment being created on this thread, or null when the policy that
-// `ckpt_policy_exchange` set for it is "recompute everything".
-std::shared_ptr<Cache> cache_for_new_segment();
+// `ckpt_policy_exchange` set for it is "recompute everything". With `preserve_rng_state`
+// a replayed dropout puts the CPU generator where forward's draw left it; without it the
+// replay leaves the generator alone (the recompute draws from it as it is).
+std::shared_ptr<Cache> cache_for_new_segment(bool preserve_rng_state);
 
 // Frees what a cache holds (after the last recompute that needs it).
 void release(Cache* cache);

@@ -183,7 +183,9 @@ impl CheckpointOptions {
 /// - **linear outputs** (`save_linear`): the `[.., out_features]` result of every
 ///   `Linear` (`aten::linear` with a bias, on a 2-d input or a contiguous one, the
 ///   composite's fused `addmm` path), 4 bytes an element in float32; the recompute
-///   skips the matmul. Norms, activations, softmax and attention scores are recomputed.
+///   skips the matmul. A `Linear` without a bias, or on a non-contiguous input of 3 or
+///   more dimensions, keeps nothing and is recomputed. Norms, activations, softmax and
+///   attention scores are recomputed.
 /// - **narrowing linear outputs** (`save_narrowing_linear`): the same, only for a
 ///   `Linear` with fewer output than input features (`out_features < in_features`, such as
 ///   a transformer's feed-forward down-projection, `[.., d_ff] -> [.., d_model]`): its
@@ -192,14 +194,26 @@ impl CheckpointOptions {
 ///   tensors of its block. Implied by `save_linear`.
 /// - **dropout masks** (`save_dropout_masks`, CPU): a bit mask (1 bit an element, 8 a byte) and
 ///   the generator's state after the draw (about 5 KiB on CPU) for every training-mode
-///   `dropout`; the recompute rebuilds the noise instead of drawing it again.
+///   `dropout`; the recompute rebuilds the noise instead of drawing it again, and puts
+///   the generator where the draw left it (inside the recompute, whose generator state
+///   is handed back afterwards). With `preserve_rng_state(false)` it leaves the generator
+///   alone instead: the recompute then moves the generator only by what it draws
+///   besides the kept masks, so the generator after backward is as without checkpointing
+///   when the segment draws nothing else.
 ///
 /// Gradients are bit-equal to those of the full recompute (and of the model without
 /// checkpointing): the recompute rebuilds the graph libtorch would have built, around
 /// the kept tensors. A kept output changed in place after forward is recomputed; a
-/// recompute that calls linear or dropout in another order or on other shapes than
-/// forward did fails backward with an error. Bytes kept by a segment are freed after its
-/// recompute (kept while `keep_graph` allows a second backward).
+/// recompute that calls linear or dropout on other shapes than forward did fails
+/// backward with an error, but the same layer on same-shape inputs in another order
+/// cannot be told apart: the recompute must compute what forward did, as for every
+/// policy. A checkpoint nested in the segment runs inline in its forward (no grad) and
+/// as a segment of its own in its recompute; either way its calls stay out of this
+/// segment's policy, and so do those of a chain cut at run time called in it (a
+/// checkpointed `model!`, [`SequentialPlanner`](crate::plan::SequentialPlanner), a
+/// `#[checkpointed]` function with `segments = auto`, `budget` or a layer loop). Bytes
+/// kept by a segment are freed after its recompute (kept while `keep_graph` allows a
+/// second backward).
 ///
 /// Two policies are equal when they keep the same things: `save_linear` implies
 /// `save_narrowing_linear`, so `Policy::selective().save_narrowing_linear(true) ==
@@ -579,8 +593,10 @@ where
 {
     if !ffi::grad_enabled() {
         // `f` moves into the guarded call, so a panic in dropping its captures is caught
-        // with the rest.
-        return run_plain(|| name, move || f(input));
+        // with the rest. Inside an enclosing segment's forward the run is inline, and in
+        // its recompute a segment of its own, whose policy scope hides its calls from the
+        // enclosing one's: hide them here too (`ffi::without_policy`).
+        return ffi::without_policy(|| run_plain(|| name, move || f(input)));
     }
     let mut stash = Vec::new();
     let skeleton = input.unpack(&mut stash);

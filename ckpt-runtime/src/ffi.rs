@@ -329,6 +329,47 @@ impl Drop for ProbeScope {
     }
 }
 
+/// While alive, the selective-checkpointing policy is off on this thread (a null cache's
+/// scope, `csrc/policy.cpp`): what runs is neither recorded into nor replayed from an
+/// enclosing segment's cache. Segments made meanwhile set their own policy as usual.
+///
+/// What runs inline in an enclosing segment's forward (without grad) and as segments of
+/// its own in its recompute (with grad) runs under it, so that both see the same calls
+/// of the enclosing policy: none. That is a checkpoint run inline without grad
+/// (`checkpoint.rs`, `run`) and every chain cut at run time (`model!`,
+/// `SequentialPlanner`, a `#[checkpointed]` function cut at run time), which runs every
+/// stage inline without grad and its plan with grad. Without it the forward would record
+/// the inline calls in the enclosing cache and the recompute would replay them to other
+/// calls (a same-shape dropout's mask to another dropout).
+#[must_use = "the policy is off only while the guard lives"]
+pub struct OutsidePolicy {
+    _scope: Option<ProbeScope>,
+}
+
+impl OutsidePolicy {
+    /// Turns the policy off on this thread until the guard is dropped.
+    pub fn enter() -> OutsidePolicy {
+        // SAFETY: a null cache is a valid scope ("policy off"); the scope is left by the
+        // guard, in reverse order of entry (guards and the node's scopes nest).
+        let scope = unsafe { ckpt_policy_probe_enter(std::ptr::null_mut(), false) };
+        OutsidePolicy {
+            _scope: (!scope.is_null()).then_some(ProbeScope(scope)),
+        }
+    }
+}
+
+impl std::fmt::Debug for OutsidePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OutsidePolicy")
+    }
+}
+
+/// Runs `f` under an [`OutsidePolicy`] guard.
+pub(crate) fn without_policy<R>(f: impl FnOnce() -> R) -> R {
+    let _off = OutsidePolicy::enter();
+    f()
+}
+
 impl PolicyProbe {
     /// A probe for the policy `bits`; `None` if C++ failed to allocate it.
     pub(crate) fn new(bits: u32) -> Option<PolicyProbe> {

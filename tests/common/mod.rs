@@ -81,3 +81,14 @@ pub fn grads_and_output(
     out.push(y.detach().copy());
     out
 }
+
+/// Tensor bytes alive after `f` ran forward on `x` (its output and what its graph keeps),
+/// on the CPU counter. `x` is detached first and requires grad.
+pub fn kept_by(x: &Tensor, f: impl FnOnce(&Tensor) -> Tensor) -> i64 {
+    let x = x.detach().set_requires_grad(true);
+    let before = ckpt::memory::current_bytes(Device::Cpu);
+    let y = f(&x);
+    let after = ckpt::memory::current_bytes(Device::Cpu);
+    drop(y);
+    after - before
+}

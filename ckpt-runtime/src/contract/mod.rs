@@ -21,6 +21,7 @@ mod registry;
 mod run;
 mod segment;
 
+pub use crate::ffi::OutsidePolicy;
 pub use chain::{ChainSchedule, FnChain, MAX_PLANS_PER_FUNCTION, Unit};
 pub use derive::{
     Dup, FieldCopy, ViaClone, ViaNeither, ViaShallowClone, Visit, VisitOther, VisitShallowClone,

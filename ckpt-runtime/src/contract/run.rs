@@ -40,6 +40,9 @@ pub fn run_stages(
     counts: &[usize],
     env: &mut Env,
 ) {
+    // Nested in a segment with a policy, the chain's calls stay out of its cache: this
+    // call runs every stage inline without grad and the plan with grad.
+    let _off = crate::ffi::OutsidePolicy::enter();
     assert_eq!(fns.len(), chain.units.len(), "ckpt: one closure per unit");
     assert_eq!(counts.len(), chain.units.len(), "ckpt: one count per unit");
     let name = match &owner {

@@ -260,6 +260,9 @@ impl SequentialPlanner {
         M: Module + ShallowClone + 'static,
     {
         let step = |m: &M, xs: &Tensor| m.forward(xs);
+        // Nested in a segment with a policy, the chain's calls stay out of its cache: it
+        // runs plainly without grad and the plan with grad.
+        let _off = crate::ffi::OutsidePolicy::enter();
         if !crate::ffi::grad_enabled() {
             return plain_chain(modules, input, step);
         }
@@ -298,6 +301,9 @@ impl SequentialPlanner {
         M: ModuleT + ShallowClone + 'static,
     {
         let step = move |m: &M, xs: &Tensor| m.forward_t(xs, train);
+        // Nested in a segment with a policy, the chain's calls stay out of its cache: it
+        // runs plainly without grad and the plan with grad.
+        let _off = crate::ffi::OutsidePolicy::enter();
         if !crate::ffi::grad_enabled() {
             return plain_chain(modules, input, step);
         }

@@ -93,7 +93,11 @@ pub(super) fn forward_body(model: &Model, ctx_ty: &TokenStream) -> TokenStream {
         mixed("__ckpt_policy"),
         mixed("__ckpt_opts"),
     );
+    let off = mixed("__ckpt_off");
     quote! {
+        // Nested in a segment with a policy, the model's calls stay out of its cache: the
+        // chain runs every stage inline without grad and the plan with grad.
+        let #off = ::ckpt::__private::OutsidePolicy::enter();
         let #ctx = self.__ckpt_context(#xs, #train);
         let #options = #new_options;
         // The schedule's or the plan's segments, kept ones and `#[keep]` stages inline.
