@@ -784,3 +784,33 @@ fn kept_masks_without_preserved_rng_leave_the_generator_alone() {
         assert_all_equal(&format!("no preserved rng, {p:?}"), &got, &plain);
     }
 }
+
+/// Large contiguous float32 and float64 dropouts (several threads' chunks of the draw,
+/// of the packing and of the scaled noise, with partial last bytes) under every policy
+/// that keeps masks: output, gradients and the next draw equal plain's.
+#[test]
+fn large_kept_masks_match_plain() {
+    let (_g, vs, _, _) = setup(27, true);
+    let w = vs.root().randn("w", &[64, 4, 128, 129], 0.0, 1.0);
+    let f = {
+        let w = Lin0(w);
+        move |x: &Tensor| {
+            let w = &w;
+            let h = (x * &w.0).dropout(0.1, true);
+            let flat = h.view([-1]).narrow(0, 3, (1 << 20) + 5).dropout(0.5, true);
+            let d = h.to_kind(Kind::Double).dropout(0.3, true);
+            (&h * &h).sum(Kind::Float)
+                + (&flat * &flat).sum(Kind::Float)
+                + (&d * &d).sum(Kind::Double).to_kind(Kind::Float)
+        }
+    };
+    let x = randn(&[64, 4, 128, 129]);
+    let plain = step(&vs, &x, &f);
+    for p in [Policy::masks(), Policy::narrowing(), Policy::selective()] {
+        assert_all_equal(
+            &format!("large masks {p:?}"),
+            &step(&vs, &x, &ck(p, &vs, f.clone())),
+            &plain,
+        );
+    }
+}
