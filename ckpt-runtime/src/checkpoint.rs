@@ -595,8 +595,9 @@ where
         // `f` moves into the guarded call, so a panic in dropping its captures is caught
         // with the rest. Inside an enclosing segment's forward the run is inline, and in
         // its recompute a segment of its own, whose policy scope hides its calls from the
-        // enclosing one's: hide them here too (`ffi::without_policy`).
-        return ffi::without_policy(|| run_plain(|| name, move || f(input)));
+        // enclosing one's: hide them here too.
+        let _off = ffi::OutsidePolicy::enter();
+        return run_plain(|| name, move || f(input));
     }
     let mut stash = Vec::new();
     let skeleton = input.unpack(&mut stash);

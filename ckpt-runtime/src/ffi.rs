@@ -364,12 +364,6 @@ impl std::fmt::Debug for OutsidePolicy {
     }
 }
 
-/// Runs `f` under an [`OutsidePolicy`] guard.
-pub(crate) fn without_policy<R>(f: impl FnOnce() -> R) -> R {
-    let _off = OutsidePolicy::enter();
-    f()
-}
-
 impl PolicyProbe {
     /// A probe for the policy `bits`; `None` if C++ failed to allocate it.
     pub(crate) fn new(bits: u32) -> Option<PolicyProbe> {
