@@ -640,6 +640,36 @@ impl Planner {
     }
 }
 
+/// Asserts that a planned chain over `blocks`, `make()` giving a handle on it each time,
+/// gives the plain chain's step run alone (the first call plans, with grad, and caches the
+/// plan), that the plan cuts (`plan_segments`, asked after that call), and that it gives
+/// the plain step again as a segment under every policy.
+fn compare_planned_chain<F>(
+    what: &str,
+    vs: &nn::VarStore,
+    x: &Tensor,
+    blocks: &[Block],
+    make: impl Fn() -> F,
+    plan_segments: impl FnOnce() -> usize,
+) where
+    F: Fn(&Tensor) -> Tensor + Send + 'static,
+{
+    let plain = step(vs, x, &|x| plain_chain(blocks, x).tanh());
+    let alone = make();
+    let alone = step(vs, x, &|x| alone(x).tanh());
+    assert_all_equal(&format!("{what} alone"), &alone, &plain);
+    assert!(plan_segments() > 1, "{what}: the plan cuts the chain");
+    for po in POLICIES {
+        let chain = make();
+        let f = ck(po, vs, move |x: &Tensor| chain(x).tanh());
+        assert_all_equal(
+            &format!("{what} in a {po:?} segment"),
+            &step(vs, x, &f),
+            &plain,
+        );
+    }
+}
+
 #[test]
 fn a_planned_sequential_chain_nested_in_a_policy_segment() {
     let _g = rng();
@@ -647,32 +677,19 @@ fn a_planned_sequential_chain_nested_in_a_policy_segment() {
     let vs = nn::VarStore::new(Device::Cpu);
     let bs = blocks(&vs, 6);
     let x = randn(&[64, 16]);
-    let plain = step(&vs, &x, &|x| plain_chain(&bs, x).tanh());
     let planner = Planner(Arc::new(Mutex::new((
         SequentialPlanner::new(Objective::MinPeak),
         bs.iter().map(ShallowClone::shallow_clone).collect(),
     ))));
-    // The plan is made (and cached) at the top level, with grad.
-    let alone = step(&vs, &x, &|x| planner.forward(x).tanh());
-    assert_all_equal("planned chain alone", &alone, &plain);
-    let plan = planner
-        .0
-        .lock()
-        .unwrap()
-        .0
-        .plan_for(&x, None)
-        .cloned()
-        .expect("a plan");
-    assert!(plan.segments() > 1, "the chain is cut: {plan}");
-    for po in POLICIES {
+    let make = || {
         let p = planner.clone();
-        let f = ck(po, &vs, move |x: &Tensor| p.forward(x).tanh());
-        assert_all_equal(
-            &format!("planned chain in a {po:?} segment"),
-            &step(&vs, &x, &f),
-            &plain,
-        );
-    }
+        move |x: &Tensor| p.forward(x)
+    };
+    let segments = || {
+        let guard = planner.0.lock().unwrap();
+        guard.0.plan_for(&x, None).expect("a plan").segments()
+    };
+    compare_planned_chain("planned chain", &vs, &x, &bs, make, segments);
 }
 
 model! {
@@ -690,19 +707,12 @@ fn a_planned_model_nested_in_a_policy_segment() {
     let vs = nn::VarStore::new(Device::Cpu);
     let m = Planned::new(vs.root(), 6);
     let x = randn(&[64, 16]);
-    let plain = step(&vs, &x, &|x| plain_chain(&m.blocks, x).tanh());
-    let alone = step(&vs, &x, &|x| m.forward(x).tanh());
-    assert_all_equal("planned model alone", &alone, &plain);
-    assert!(m.plan_for(&x).expect("a plan").segments() > 1);
-    for po in POLICIES {
+    let make = || {
         let m = m.shallow_clone();
-        let f = ck(po, &vs, move |x: &Tensor| m.forward(x).tanh());
-        assert_all_equal(
-            &format!("planned model in a {po:?} segment"),
-            &step(&vs, &x, &f),
-            &plain,
-        );
-    }
+        move |x: &Tensor| m.forward(x)
+    };
+    let segments = || m.plan_for(&x).expect("a plan").segments();
+    compare_planned_chain("planned model", &vs, &x, &m.blocks, make, segments);
 }
 
 /// Six blocks as statements, cut by the planner.
@@ -730,18 +740,17 @@ fn a_planned_checkpointed_function_nested_in_a_policy_segment() {
     let vs = nn::VarStore::new(Device::Cpu);
     let s = Stack { b: blocks(&vs, 6) };
     let x = randn(&[64, 16]);
-    let plain = step(&vs, &x, &|x| plain_chain(&s.b, x).tanh());
-    let alone = step(&vs, &x, &|x| s.forward(x).tanh());
-    assert_all_equal("planned function alone", &alone, &plain);
-    for po in POLICIES {
+    let make = || {
         let s = s.shallow_clone();
-        let f = ck(po, &vs, move |x: &Tensor| s.forward(x).tanh());
-        assert_all_equal(
-            &format!("planned function in a {po:?} segment"),
-            &step(&vs, &x, &f),
-            &plain,
-        );
-    }
+        move |x: &Tensor| s.forward(x)
+    };
+    // This binary's only `#[checkpointed]` function: the plan its first call made.
+    let segments = || {
+        let plans = ckpt::plan::function_plans();
+        assert_eq!(plans.len(), 1, "one planned function");
+        plans[0].plan.segments()
+    };
+    compare_planned_chain("planned function", &vs, &x, &s.b, make, segments);
 }
 
 /// Gradients (the variables, then the input), the output, a draw between forward and
