@@ -58,6 +58,13 @@ fn main() {
             .flag("-isystem")
             .flag(dir.to_str().expect("libtorch path is UTF-8"));
     }
+    // `at::parallel_for` (policy.cpp's mask kernels) is a template whose OpenMP build
+    // runs its body under `#pragma omp parallel`: without `-fopenmp` here it would run
+    // on one thread. Link the OpenMP runtime libtorch itself loads, by its file name.
+    let openmp = openmp_runtime(&root, &lib);
+    if openmp.is_some() {
+        build.flag("-fopenmp");
+    }
     build
         .flag("-Wall")
         .flag("-Wextra")
@@ -65,6 +72,10 @@ fn main() {
         .define("GLOG_USE_GLOG_EXPORT", None)
         .files(SOURCES)
         .compile("ckpt_csrc");
+    if let Some(file) = openmp {
+        println!("cargo:rustc-link-search=native={}", lib.display());
+        println!("cargo:rustc-link-lib=dylib:+verbatim={file}");
+    }
     // The c10d binding: ProcessGroupGloo.hpp needs Gloo's headers, which the libtorch
     // wheel does not ship; third_party/gloo/ has those of the revision it was built with.
     let mut dist = cc::Build::new();
@@ -113,6 +124,24 @@ fn main() {
         println!("cargo:rustc-link-lib=dylib=torch_cuda");
         println!("cargo:rustc-link-lib=dylib=c10_cuda");
     }
+}
+
+/// The file name of the OpenMP runtime in libtorch's `lib/` when libtorch was built with
+/// OpenMP (`AT_PARALLEL_OPENMP 1` in `ATen/Config.h`): GNU's `libgomp.so.1` in the wheel
+/// (or a hashed `libgomp-*.so.1`), LLVM's `libomp.so`; `None` otherwise (then the mask
+/// kernels run on one thread, correctly).
+fn openmp_runtime(root: &std::path::Path, lib: &std::path::Path) -> Option<String> {
+    let config = std::fs::read_to_string(root.join("include/ATen/Config.h")).ok()?;
+    if !config.contains("#define AT_PARALLEL_OPENMP 1") {
+        return None;
+    }
+    let mut names: Vec<String> = std::fs::read_dir(lib)
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("libgomp") && n.contains(".so"))
+        .collect();
+    names.sort();
+    names.into_iter().next()
 }
 
 /// Include folders for `ProcessGroupNCCL.hpp`: the CUDA runtime, `crt/`, CCCL and NCCL
