@@ -16,14 +16,22 @@
 //   contiguous N-d input) and keeps the 2-d result; dropout on CPU draws its noise as
 //   the composite does (`empty_like`, `bernoulli_(1 - p)`), keeps it as a bit mask (8
 //   elements a byte, in the input's logical element order) with the generator's state
-//   after the draw, and returns `input * noise / (1 - p)`;
+//   after the draw, and returns `input * noise / (1 - p)`, formed from the bits;
 // - replay (the recompute, grad mode on): linear builds the very graph the composite
 //   would (view of the input, `t()` of the weight, PyTorch's own `AddmmBackward0` node
 //   with the tensors it saves, view of the result) around the kept result; dropout
-//   rebuilds the noise from the bits, laid out as the input (0/1 floats divided by
-//   1 - p are bit-equal to the drawn ones), puts the generator where the draw left it
-//   (with preserve_rng_state only: `Cache::sets_generator`), and multiplies.
+//   multiplies by the noise of the bits (0 or 1 / (1 - p), bit-equal to the drawn and
+//   divided noise), puts the generator where the draw left it (with preserve_rng_state
+//   only: `Cache::sets_generator`), and its node (`BitMaskDropoutBackward`) holds the
+//   bits for backward instead of the noise `MulBackward0` would hold.
 // Gradients are therefore bit-equal to the full recompute's, and to the plain model's.
+//
+// Compact dropout (`ckpt::compact_dropout`, `t_compact`): outside a policy that keeps
+// masks, a dropout with grad draws as the composite does and holds its mask for backward
+// as bits, in the same node: 1 bit an element instead of the noise (4 bytes for float32).
+//
+// The mask kernels run on libtorch's intra-op threads (`at::parallel_for`, which in an
+// OpenMP build of libtorch needs this file compiled with -fopenmp: build.rs).
 //
 // A policy may keep only the outputs of narrowing linears (out_features < in_features,
 // `keeps_linear`); the others are then recomputed as usual.
@@ -121,6 +129,9 @@ thread_local int t_mode = kOff;
 thread_local Cache* t_cache = nullptr;
 // The policy of the next segment created on this thread (set by ckpt_policy_exchange).
 thread_local uint32_t t_next_flags = 0;
+// Whether a dropout run with grad outside any policy scope saves its mask as bits
+// (`compact_dropout`; set by ckpt_compact_dropout_exchange).
+thread_local bool t_compact = false;
 
 std::string sizes_str(at::IntArrayRef s) {
   std::string out = "[";
@@ -361,19 +372,152 @@ at::Tensor unpack_scaled_noise(const at::Tensor& bits, const at::Tensor& input, 
   return noise;
 }
 
+// Whether `x * noise` can be formed in one pass over `x` and the bits (`masked_scale`):
+// a contiguous strided float32 or float64 CPU tensor.
+bool masked_scale_ok(const at::Tensor& x) {
+  return x.layout() == c10::kStrided && !x.is_nested() && x.device().is_cpu() &&
+         x.is_contiguous() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble);
+}
+
+// `x * unpack_scaled_noise(bits, x, p)` for a `masked_scale_ok` tensor, in one pass that
+// never writes the noise: each element times 0 or `1 / (1 - p)` (as `div_` computes it),
+// the very products `mul` forms, so the result is bit-equal. No autograd history.
+at::Tensor masked_scale(const at::Tensor& bits, const at::Tensor& x, double p) {
+  const int64_t n = x.numel();
+  const uint8_t* in_bits = bits.const_data_ptr<uint8_t>();
+  at::Tensor out = at::empty_like(x);
+  auto run = [&](const auto* in, auto* o) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(in)>>;
+    const T one = at::ones({1}, x.options()).div_(1 - p).item<T>();
+    // The 256 patterns of 8 elements, 16-byte aligned rows.
+    struct alignas(16) Row {
+      T v[8];
+    };
+    std::vector<Row> table(256);
+    for (int b = 0; b < 256; ++b) {
+      for (int j = 0; j < 8; ++j) table[b].v[j] = ((b >> j) & 1) ? one : T(0);
+    }
+    const int64_t full = n / 8;  // bytes of 8 elements; a last partial one follows
+    at::parallel_for(0, bits.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+      const int64_t stop = std::min(end, full);
+      int64_t i = begin;
+#if defined(__SSE2__)
+      if constexpr (std::is_same_v<T, float>) {
+        for (; i < stop; ++i) {
+          const float* s = table[in_bits[i]].v;
+          _mm_storeu_ps(o + i * 8, _mm_mul_ps(_mm_loadu_ps(in + i * 8), _mm_load_ps(s)));
+          _mm_storeu_ps(o + i * 8 + 4, _mm_mul_ps(_mm_loadu_ps(in + i * 8 + 4), _mm_load_ps(s + 4)));
+        }
+      }
+#endif
+      for (; i < stop; ++i) {
+        const T* s = table[in_bits[i]].v;
+        for (int j = 0; j < 8; ++j) o[i * 8 + j] = in[i * 8 + j] * s[j];
+      }
+      for (i = std::max(begin, full); i < end; ++i) {
+        const T* s = table[in_bits[i]].v;
+        for (int64_t j = 0; j < n - i * 8; ++j) o[i * 8 + j] = in[i * 8 + j] * s[j];
+      }
+    });
+  };
+  if (x.scalar_type() == at::kFloat) {
+    run(x.const_data_ptr<float>(), out.mutable_data_ptr<float>());
+  } else {
+    run(x.const_data_ptr<double>(), out.mutable_data_ptr<double>());
+  }
+  return out;
+}
+
+// `x * noise` for the noise of `bits`, without history: `masked_scale` where it applies,
+// else the noise rebuilt in `x`'s layout and the composite's product.
+at::Tensor times_noise(const at::Tensor& bits, const at::Tensor& x, double p) {
+  if (masked_scale_ok(x)) return masked_scale(bits, x, p);
+  at::Tensor noise = unpack_scaled_noise(bits, x, p);
+  c10::AutoGradMode no_grad(false);
+  return x * noise;
+}
+
+// The backward of a dropout whose mask is held as bits (a compact dropout, and a replayed
+// one under a policy): the incoming gradient times the scaled noise of the bits, which is
+// `MulBackward0`'s `grad * noise` for the composite's `input * noise`, bit for bit. The
+// node holds 1 bit an element where `MulBackward0` holds the noise itself (the input's
+// element size). With grad mode on (a double backward) the product is differentiable, as
+// the composite's.
+struct BitMaskDropoutBackward : public torch::autograd::Node {
+  at::Tensor bits;
+  double p = 0;
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    const at::Tensor& g = grads[0];
+    if (!g.defined() || !should_compute_output(0)) return {at::Tensor()};
+    if (!bits.defined()) {
+      throw std::runtime_error(
+          "Trying to backward through the graph a second time (or directly access saved "
+          "tensors after they have already been freed): a dropout's mask was freed by the "
+          "first backward; specify retain_graph=True (keep_graph) to backward twice");
+    }
+    if (c10::GradMode::is_enabled()) return {g * unpack_scaled_noise(bits, g, p)};
+    return {times_noise(bits, g, p)};
+  }
+  std::string name() const override { return "CkptBitMaskDropoutBackward"; }
+  void release_variables() override { bits.reset(); }
+};
+
+// Whether `input * noise` needs a graph: grad mode on and an input that requires grad.
+// An input with a forward-mode tangent is left to the composite (only `mul` carries one),
+// as `needs_composite` says.
+bool needs_graph(const at::Tensor& input) {
+  return c10::GradMode::is_enabled() && input.requires_grad();
+}
+
+bool needs_composite(const at::Tensor& input) {
+  return input.layout() != c10::kStrided || input.is_nested() ||
+         torch::autograd::isFwGradDefined(input);
+}
+
+// `input * noise` for the bits, with a `BitMaskDropoutBackward` node when it needs a
+// gradient.
+at::Tensor apply_mask(const at::Tensor& bits, const at::Tensor& input, double p) {
+  at::Tensor out = times_noise(bits, input, p);
+  if (needs_graph(input)) {
+    auto node = c10::make_intrusive<BitMaskDropoutBackward>();
+    node->set_next_edges(torch::autograd::collect_next_edges(input));
+    node->bits = bits;
+    node->p = p;
+    torch::autograd::set_history(out, node);
+  }
+  return out;
+}
+
+// The composite's draw (`empty_like`, `bernoulli_(1 - p)`) as bits: the noise tensor is
+// freed before the product is formed.
+at::Tensor draw_bits(const at::Tensor& input, double p) {
+  at::Tensor noise = at::empty_like(input);
+  noise.bernoulli_(1 - p);
+  return pack_bits(noise);
+}
+
+// Whether this dropout call is one the policy kernels handle (else: the composite): a CPU
+// floating-point input in training mode with 0 < p < 1, strided, without a tangent.
+bool handled(const at::Tensor& input, double p, bool train) {
+  return train && p > 0 && p < 1 && input.numel() > 0 && input.device().is_cpu() &&
+         at::isFloatingType(input.scalar_type()) && !needs_composite(input);
+}
+
 at::Tensor dropout_kernel(const at::Tensor& input, double p, bool train) {
   Cache* c = t_cache;
-  if (t_mode == kOff || c == nullptr || (c->flags & kSaveDropoutMasks) == 0 || !train ||
-      !(p > 0 && p < 1) || input.numel() == 0 || !input.device().is_cpu() ||
-      !at::isFloatingType(input.scalar_type())) {
+  const bool in_policy = t_mode != kOff && c != nullptr;
+  if (!handled(input, p, train)) return at::native::dropout(input, p, train);
+  if (!in_policy || (c->flags & kSaveDropoutMasks) == 0) {
+    // Outside a policy that keeps masks: a compact dropout when one applies (it holds
+    // something for backward only with a graph), else the composite.
+    if (t_compact && needs_graph(input)) return apply_mask(draw_bits(input, p), input, p);
     return at::native::dropout(input, p, train);
   }
   if (t_mode == kRecord) {
-    at::Tensor noise = at::empty_like(input);
-    noise.bernoulli_(1 - p);
-    c->dropouts.push_back({pack_bits(noise), cpu_generator_state(), input.sizes().vec(), p});
-    noise.div_(1 - p);
-    return input * noise;
+    at::Tensor bits = draw_bits(input, p);
+    c->dropouts.push_back({bits, cpu_generator_state(), input.sizes().vec(), p});
+    return apply_mask(bits, input, p);
   }
   if (c->next_dropout >= c->dropouts.size()) {
     diverged("called dropout more often than forward did (" +
@@ -385,9 +529,8 @@ at::Tensor dropout_kernel(const at::Tensor& input, double p, bool train) {
              sizes_str(input.sizes()) + " where forward called dropout(p = " +
              std::to_string(e.p) + ") on sizes " + sizes_str(e.sizes));
   }
-  at::Tensor noise = unpack_scaled_noise(e.bits, input, p);
   if (c->sets_generator) set_cpu_generator_state(e.state_after);
-  return input * noise;
+  return apply_mask(e.bits, input, p);
 }
 
 }  // namespace
@@ -444,6 +587,14 @@ TORCH_LIBRARY_IMPL(aten, AutogradCUDA, m) {
 }
 
 extern "C" {
+
+// Turns compact dropout on or off on this thread; returns the previous setting (the Rust
+// guard, `ffi::CompactDropout`, restores it).
+bool ckpt_compact_dropout_exchange(bool on) {
+  bool prev = ckpt_policy::t_compact;
+  ckpt_policy::t_compact = on;
+  return prev;
+}
 
 // Sets the policy bits of the segments this thread creates next; returns the previous
 // bits (src/ffi.rs restores them when the segment is made).

@@ -95,6 +95,7 @@ struct Segment {
 unsafe extern "C" {
     fn ckpt_apply(segment: *const Segment, ctx: *const Ctx) -> i32;
     fn ckpt_policy_exchange(flags: u32) -> u32;
+    fn ckpt_compact_dropout_exchange(on: bool) -> bool;
     fn ckpt_policy_probe_new(flags: u32) -> *mut c_void;
     fn ckpt_policy_probe_free(cache: *mut c_void);
     fn ckpt_policy_probe_enter(cache: *mut c_void, replay: bool) -> *mut c_void;
@@ -326,6 +327,32 @@ impl Drop for ProbeScope {
         // SAFETY: `self.0` came from `ckpt_policy_probe_enter`, and scopes are left in
         // reverse order (this guard lives within one call of `PolicyProbe::run`).
         unsafe { ckpt_policy_probe_leave(self.0) };
+    }
+}
+
+/// Compact dropout (`csrc/policy.cpp`) on or off on this thread until drop, which puts
+/// back the previous setting (guards nest). Not `Send`: the setting is the creating
+/// thread's.
+pub(crate) struct CompactDropout {
+    prev: bool,
+    _thread: std::marker::PhantomData<*const ()>,
+}
+
+impl CompactDropout {
+    pub(crate) fn set(on: bool) -> CompactDropout {
+        // SAFETY: sets a thread-local flag and returns the previous one; no pointers.
+        let prev = unsafe { ckpt_compact_dropout_exchange(on) };
+        CompactDropout {
+            prev,
+            _thread: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for CompactDropout {
+    fn drop(&mut self) {
+        // SAFETY: as in `set`.
+        unsafe { ckpt_compact_dropout_exchange(self.prev) };
     }
 }
 

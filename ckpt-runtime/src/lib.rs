@@ -10,6 +10,8 @@
 //!   enters it; [`Shared`] for modules that cannot be shallow-cloned.
 //! - [`memory`]: exact current and peak tensor bytes on CPU and CUDA.
 //! - [`amp`]: `torch.autocast` for CPU and CUDA (recomputes replay it).
+//! - [`compact_dropout`]: CPU dropout that keeps its mask for backward as bits (1 bit an
+//!   element instead of a noise tensor of the input's type), bit-equal results.
 //! - [`plan`]: choose the cuts of a chain for a memory budget (profile, dynamic program,
 //!   [`checkpoint_sequential_plan`]).
 //! - [`dist`]: data-parallel training on PyTorch's c10d (process groups, collectives,
@@ -20,6 +22,7 @@ pub mod amp;
 mod checkpoint;
 mod contract;
 pub mod dist;
+mod dropout;
 mod error;
 mod ffi;
 pub mod memory;
@@ -32,6 +35,7 @@ pub use checkpoint::{
     CheckpointOptions, Policy, checkpoint, checkpoint_with, f_checkpoint, f_checkpoint_with,
     is_recomputing, live_segments,
 };
+pub use dropout::{CompactDropoutGuard, compact_dropout, compact_dropout_guard};
 pub use error::CkptError;
 pub use plan::{
     checkpoint_sequential_plan, checkpoint_sequential_plan_t, f_checkpoint_sequential_plan,
