@@ -309,7 +309,10 @@ impl Report {
              `PREFER_RECOMPUTE` otherwise); ckpt only: `masks/3` (dropout masks kept, 1 bit an \
              element), `narrowing/3` (`Policy::narrowing()`: the masks and the feed-forward \
              down-projection's output), `selective+masks/3` (`Policy::selective()`), `budget P%` \
-             (`segments = auto` within P % of plain's predicted peak).\n"
+             (`segments = auto` within P % of plain's predicted peak), `compact` (plain, the \
+             step in `ckpt::compact_dropout`: every dropout mask held for backward as bits \
+             instead of a float noise tensor), `compact budget P%` (the planner in a compact \
+             step: P % of a compact plain run's predicted peak).\n"
         );
         let _ = writeln!(
             s,

@@ -35,6 +35,13 @@ pub enum Point {
     /// `segments = auto` within this fraction of the plain run's predicted peak (ckpt
     /// only: PyTorch's eager API has no budget solver).
     Budget { fraction: f64 },
+    /// Nothing checkpointed, the step run in `ckpt::compact_dropout` (dropout masks held
+    /// for backward as bits; ckpt only).
+    Compact,
+    /// `segments = auto` within this fraction of the predicted peak of a plain run, the
+    /// step (profile, planned run, backward) in `ckpt::compact_dropout`: the profile
+    /// measures compact stages, so the fraction is of a compact plain run (ckpt only).
+    CompactBudget { fraction: f64 },
 }
 
 impl Point {
@@ -48,7 +55,16 @@ impl Point {
             Point::Narrowing { segments } => format!("narrowing/{segments}"),
             Point::SelectiveMasks { segments } => format!("selective+masks/{segments}"),
             Point::Budget { fraction } => format!("budget {:.0}%", fraction * 100.0),
+            Point::Compact => "compact".into(),
+            Point::CompactBudget { fraction } => {
+                format!("compact budget {:.0}%", fraction * 100.0)
+            }
         }
+    }
+
+    /// Whether the step runs in `ckpt::compact_dropout`.
+    pub fn compact(&self) -> bool {
+        matches!(self, Point::Compact | Point::CompactBudget { .. })
     }
 
     /// Whether PyTorch has the same point (the same cuts and the same policy).
@@ -61,12 +77,12 @@ impl Point {
 
     /// Whether the user picks this point by hand (not the planner).
     pub fn hand_chosen(&self) -> bool {
-        !matches!(self, Point::Budget { .. })
+        !matches!(self, Point::Budget { .. } | Point::CompactBudget { .. })
     }
 
     fn configure(&self, model: &mut Classifier, layers: usize) -> Result<()> {
         let (strategy, policy) = match *self {
-            Point::Plain => (Strategy::Plain, Policy::RECOMPUTE_ALL),
+            Point::Plain | Point::Compact => (Strategy::Plain, Policy::RECOMPUTE_ALL),
             Point::Full { segments } => (Strategy::Checkpointed(segments), Policy::RECOMPUTE_ALL),
             Point::Selective { segments } => (
                 Strategy::Checkpointed(segments),
@@ -82,7 +98,7 @@ impl Point {
             Point::SelectiveMasks { segments } => {
                 (Strategy::Checkpointed(segments), Policy::selective())
             }
-            Point::Budget { fraction } => {
+            Point::Budget { fraction } | Point::CompactBudget { fraction } => {
                 model.set_schedule(Schedule::Auto(Objective::Budget(Budget::FractionOfPlain(
                     fraction,
                 ))))?;
@@ -224,12 +240,18 @@ pub fn run(shape: &Shape, points: &[Point]) -> Result<Vec<PointResult>> {
             let base = ckpt::memory::current_bytes(Device::Cpu);
             let faults = minor_faults();
             let start = Instant::now();
-            let loss = r
-                .model
-                .forward_t(&ids, true)
-                .cross_entropy_for_logits(&labels);
-            r.opt.backward_step(&loss);
-            drop(loss);
+            let mut step = || {
+                let loss = r
+                    .model
+                    .forward_t(&ids, true)
+                    .cross_entropy_for_logits(&labels);
+                r.opt.backward_step(&loss);
+            };
+            if r.point.compact() {
+                ckpt::compact_dropout(step);
+            } else {
+                step();
+            }
             let seconds = start.elapsed().as_secs_f64();
             // Saturating: `minor_faults` reads 0 if `getrusage` ever fails.
             let faults = minor_faults().saturating_sub(faults);
@@ -252,6 +274,9 @@ pub fn run(shape: &Shape, points: &[Point]) -> Result<Vec<PointResult>> {
         .map(|r| {
             let plan = match r.point {
                 Point::Budget { .. } => Some(r.model.plan_for(&ids, true)?),
+                Point::CompactBudget { .. } => {
+                    Some(ckpt::compact_dropout(|| r.model.plan_for(&ids, true))?)
+                }
                 _ => None,
             };
             Ok(PointResult {
