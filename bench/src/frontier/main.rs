@@ -79,6 +79,9 @@ struct RunArgs {
     /// there (an earlier run's), measuring only the others; the report says which.
     #[arg(long)]
     reuse_raw: bool,
+    /// Only the configuration of this name (`seq256-batch16` or `seq1024-batch4`).
+    #[arg(long)]
+    only: Option<String>,
     /// The `GLIBC_TUNABLES` both sides' processes run with, for the report's header
     /// (`bench/frontier.sh` sets and passes it); empty: glibc's defaults.
     #[arg(long, default_value = "")]
@@ -172,7 +175,15 @@ fn run(args: &RunArgs) -> Result<()> {
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let mut measured = Vec::new();
     let raw = args.out.join("frontier_raw");
-    for mut cfg in configs(args.quick, args.warmup, args.steps) {
+    let mut chosen = configs(args.quick, args.warmup, args.steps);
+    if let Some(name) = &args.only {
+        chosen.retain(|c| &c.name == name);
+        anyhow::ensure!(
+            !chosen.is_empty(),
+            "--only {name}: no such configuration (seq256-batch16, seq1024-batch4)"
+        );
+    }
+    for mut cfg in chosen {
         let raw_file = |round: usize| raw_file(&raw, &cfg.name, round);
         let per_round = if args.reuse_raw && (1..=rounds).all(|round| raw_file(round).is_file()) {
             cfg.reused = true;
