@@ -330,14 +330,16 @@ at::Tensor pack_bits(const at::Tensor& noise) {
 // table of the 256 patterns of 8 elements copied a byte at a time; any other through a
 // bool tensor in logical order, copied into the input's layout and divided, as forward
 // did. The values are those forward's noise held, so `input * noise` is bit-equal.
-at::Tensor unpack_scaled_noise(const at::Tensor& bits, const at::Tensor& input, double p) {
-  const int64_t n = input.numel();
+//
+// `fill_scaled_noise` writes those values into `noise`, a tensor of the input's sizes in
+// any layout, and returns it.
+at::Tensor fill_scaled_noise(const at::Tensor& bits, at::Tensor noise, double p) {
+  const int64_t n = noise.numel();
   const uint8_t* in = bits.const_data_ptr<uint8_t>();
-  at::Tensor noise = at::empty_like(input);
   auto fill = [&](auto* out) {
     using T = std::remove_pointer_t<decltype(out)>;
     // 1 / (1 - p) computed by the very kernel forward's `div_` ran.
-    const T one = at::ones({1}, input.options()).div_(1 - p).item<T>();
+    const T one = at::ones({1}, noise.options()).div_(1 - p).item<T>();
     std::vector<std::array<T, 8>> table(256);
     for (int b = 0; b < 256; ++b) {
       for (int j = 0; j < 8; ++j) table[b][j] = ((b >> j) & 1) ? one : T(0);
@@ -362,7 +364,7 @@ at::Tensor unpack_scaled_noise(const at::Tensor& bits, const at::Tensor& input, 
     fill(noise.mutable_data_ptr<double>());
     return noise;
   }
-  at::Tensor kept = at::empty(input.sizes(), input.options().dtype(at::kBool));
+  at::Tensor kept = at::empty(noise.sizes(), noise.options().dtype(at::kBool));
   bool* out = kept.mutable_data_ptr<bool>();
   at::parallel_for(0, n, 1 << 18, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) out[i] = (in[i >> 3] >> (i & 7)) & 1;
@@ -370,6 +372,10 @@ at::Tensor unpack_scaled_noise(const at::Tensor& bits, const at::Tensor& input, 
   noise.copy_(kept);
   noise.div_(1 - p);
   return noise;
+}
+
+at::Tensor unpack_scaled_noise(const at::Tensor& bits, const at::Tensor& input, double p) {
+  return fill_scaled_noise(bits, at::empty_like(input), p);
 }
 
 // Whether `x * noise` can be formed in one pass over `x` and the bits (`masked_scale`):
@@ -443,8 +449,15 @@ at::Tensor times_noise(const at::Tensor& bits, const at::Tensor& x, double p) {
 // node holds 1 bit an element where `MulBackward0` holds the noise itself (the input's
 // element size). With grad mode on (a double backward) the product is differentiable, as
 // the composite's.
+//
+// The gradient takes the layout `MulBackward0`'s product would: `layout` is a tensor
+// without storage (meta) laid out as forward's noise (`empty_like(input)`), and the
+// rebuilt noise is laid out as it, so that `mul` picks the same output strides for any
+// incoming gradient (a broadcast one from `sum()` takes the noise's); the one-pass
+// product only where both are contiguous, where the result is contiguous either way.
 struct BitMaskDropoutBackward : public torch::autograd::Node {
   at::Tensor bits;
+  at::Tensor layout;
   double p = 0;
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
@@ -456,11 +469,18 @@ struct BitMaskDropoutBackward : public torch::autograd::Node {
           "tensors after they have already been freed): a dropout's mask was freed by the "
           "first backward; specify retain_graph=True (keep_graph) to backward twice");
     }
-    if (c10::GradMode::is_enabled()) return {g * unpack_scaled_noise(bits, g, p)};
-    return {times_noise(bits, g, p)};
+    if (!c10::GradMode::is_enabled() && layout.is_contiguous() && g.is_contiguous() &&
+        masked_scale_ok(g)) {
+      return {masked_scale(bits, g, p)};
+    }
+    // Differentiable in a double backward, as the composite's product.
+    return {g * fill_scaled_noise(bits, at::empty_like(layout, g.options()), p)};
   }
   std::string name() const override { return "CkptBitMaskDropoutBackward"; }
-  void release_variables() override { bits.reset(); }
+  void release_variables() override {
+    bits.reset();
+    layout.reset();
+  }
 };
 
 // Whether `input * noise` needs a graph: grad mode on and an input that requires grad.
@@ -483,6 +503,7 @@ at::Tensor apply_mask(const at::Tensor& bits, const at::Tensor& input, double p)
     auto node = c10::make_intrusive<BitMaskDropoutBackward>();
     node->set_next_edges(torch::autograd::collect_next_edges(input));
     node->bits = bits;
+    node->layout = at::empty_like(input, input.options().device(c10::kMeta));
     node->p = p;
     torch::autograd::set_history(out, node);
   }

@@ -44,7 +44,9 @@ pub fn compact_dropout<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// The guard form of [`compact_dropout`]: compact dropout is on on this thread until the
-/// guard is dropped, which restores the previous setting. Not `Send`.
+/// guard is dropped, which restores the setting it found. Not `Send`. Guards nest when
+/// dropped in the reverse order of their creation (as tch's grad-mode guards); dropped
+/// out of order, the last one dropped restores what it found (on, for an inner guard).
 #[must_use = "compact dropout is on only while the guard lives"]
 pub struct CompactDropoutGuard(#[allow(dead_code)] CompactDropout);
 
