@@ -62,7 +62,6 @@
 #endif
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -324,6 +323,24 @@ at::Tensor pack_bits(const at::Tensor& noise) {
   return bits;
 }
 
+// The 8 scaled-noise values of each of the 256 bit patterns of a byte: 0 or
+// `1 / (1 - p)` computed by the very kernel forward's `div_` ran (`options`: the noise's
+// type). One 16-byte aligned row a pattern.
+template <typename T>
+struct alignas(16) NoiseRow {
+  T v[8];
+};
+
+template <typename T>
+std::vector<NoiseRow<T>> noise_table(const at::TensorOptions& options, double p) {
+  const T one = at::ones({1}, options).div_(1 - p).item<T>();
+  std::vector<NoiseRow<T>> table(256);
+  for (int b = 0; b < 256; ++b) {
+    for (int j = 0; j < 8; ++j) table[b].v[j] = ((b >> j) & 1) ? one : T(0);
+  }
+  return table;
+}
+
 // The scaled noise `bernoulli_(1 - p)` then `div_(1 - p)` left in forward: 0 or
 // `1 / (1 - p)` as `input`'s type computes it, with `input`'s sizes and strides, from
 // `pack_bits`'s bits. A contiguous float32 or float64 input gets it in one pass, a
@@ -338,21 +355,16 @@ at::Tensor fill_scaled_noise(const at::Tensor& bits, at::Tensor noise, double p)
   const uint8_t* in = bits.const_data_ptr<uint8_t>();
   auto fill = [&](auto* out) {
     using T = std::remove_pointer_t<decltype(out)>;
-    // 1 / (1 - p) computed by the very kernel forward's `div_` ran.
-    const T one = at::ones({1}, noise.options()).div_(1 - p).item<T>();
-    std::vector<std::array<T, 8>> table(256);
-    for (int b = 0; b < 256; ++b) {
-      for (int j = 0; j < 8; ++j) table[b][j] = ((b >> j) & 1) ? one : T(0);
-    }
+    const auto table = noise_table<T>(noise.options(), p);
     const int64_t full = n / 8;  // bytes of 8 elements; a last partial one follows
     at::parallel_for(0, bits.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
       const int64_t stop = std::min(end, full);
       // A fixed-size copy, which the compiler emits as vector moves.
       for (int64_t i = begin; i < stop; ++i) {
-        std::memcpy(out + i * 8, table[in[i]].data(), sizeof(T) * 8);
+        std::memcpy(out + i * 8, table[in[i]].v, sizeof(T) * 8);
       }
       for (int64_t i = std::max(begin, full); i < end; ++i) {
-        std::memcpy(out + i * 8, table[in[i]].data(), sizeof(T) * (n - i * 8));
+        std::memcpy(out + i * 8, table[in[i]].v, sizeof(T) * (n - i * 8));
       }
     });
   };
@@ -394,15 +406,7 @@ at::Tensor masked_scale(const at::Tensor& bits, const at::Tensor& x, double p) {
   at::Tensor out = at::empty_like(x);
   auto run = [&](const auto* in, auto* o) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(in)>>;
-    const T one = at::ones({1}, x.options()).div_(1 - p).item<T>();
-    // The 256 patterns of 8 elements, 16-byte aligned rows.
-    struct alignas(16) Row {
-      T v[8];
-    };
-    std::vector<Row> table(256);
-    for (int b = 0; b < 256; ++b) {
-      for (int j = 0; j < 8; ++j) table[b].v[j] = ((b >> j) & 1) ? one : T(0);
-    }
+    const auto table = noise_table<T>(x.options(), p);
     const int64_t full = n / 8;  // bytes of 8 elements; a last partial one follows
     at::parallel_for(0, bits.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
       const int64_t stop = std::min(end, full);
