@@ -57,6 +57,25 @@ fn same_bits(what: &str, a: &[Tensor], b: &[Tensor]) {
     }
 }
 
+/// Asserts that `run(Some(policy), compact)` equals `plain` bit for bit for every policy of
+/// `policies`, with compact dropout off and on.
+fn every_policy_equals_plain(
+    what: &str,
+    plain: &[Tensor],
+    policies: &[Policy],
+    run: impl Fn(Policy, bool) -> Vec<Tensor>,
+) {
+    for &policy in policies {
+        for compact in [false, true] {
+            same_bits(
+                &format!("{what} {policy:?} compact {compact}"),
+                plain,
+                &run(policy, compact),
+            );
+        }
+    }
+}
+
 fn same_result(what: &str, a: &Result<Vec<Tensor>, String>, b: &Result<Vec<Tensor>, String>) {
     match (a, b) {
         (Ok(a), Ok(b)) => same_bits(what, a, b),
@@ -896,15 +915,12 @@ fn policy_dropout_dtypes_and_layouts() {
             out
         };
         let plain = run(None, false);
-        for policy in [Policy::RECOMPUTE_ALL, Policy::masks(), Policy::selective()] {
-            for compact in [false, true] {
-                same_bits(
-                    &format!("{kind:?} {policy:?} compact {compact}"),
-                    &plain,
-                    &run(Some(policy), compact),
-                );
-            }
-        }
+        every_policy_equals_plain(
+            &format!("{kind:?}"),
+            &plain,
+            &[Policy::RECOMPUTE_ALL, Policy::masks(), Policy::selective()],
+            |policy, compact| run(Some(policy), compact),
+        );
     }
 }
 
@@ -944,18 +960,17 @@ fn masks_without_preserve_rng_state_equal_plain() {
         out
     };
     let plain = run(None, false);
-    for policy in [Policy::masks(), Policy::selective()] {
-        for compact in [false, true] {
+    every_policy_equals_plain(
+        "without preserve_rng_state",
+        &plain,
+        &[Policy::masks(), Policy::selective()],
+        |policy, compact| {
             let o = CheckpointOptions::new()
                 .policy(policy)
                 .preserve_rng_state(false);
-            same_bits(
-                &format!("{policy:?} compact {compact}"),
-                &plain,
-                &run(Some(o), compact),
-            );
-        }
-    }
+            run(Some(o), compact)
+        },
+    );
 }
 
 #[test]
@@ -1081,20 +1096,17 @@ fn policy_outputs_changed_in_place_and_autocast() {
             out
         };
         let plain = run(None, false);
-        for policy in [
-            Policy::RECOMPUTE_ALL,
-            Policy::masks(),
-            Policy::narrowing(),
-            Policy::selective(),
-        ] {
-            for compact in [false, true] {
-                same_bits(
-                    &format!("amp {amp} {policy:?} compact {compact}"),
-                    &plain,
-                    &run(Some(policy), compact),
-                );
-            }
-        }
+        every_policy_equals_plain(
+            &format!("amp {amp}"),
+            &plain,
+            &[
+                Policy::RECOMPUTE_ALL,
+                Policy::masks(),
+                Policy::narrowing(),
+                Policy::selective(),
+            ],
+            |policy, compact| run(Some(policy), compact),
+        );
     }
 }
 
