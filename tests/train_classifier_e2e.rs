@@ -607,3 +607,110 @@ fn nproc_2_plans_the_budget_on_each_ranks_share() {
     );
     assert!(!stderr.contains("panicked"), "stderr:\n{stderr}");
 }
+
+/// The seq-64 model of the policy tests: 4 layers, a batch of 8, 3 steps.
+const SMALL: [&str; 11] = [
+    "--quick",
+    "--layers",
+    "4",
+    "--seq-len",
+    "64",
+    "--batch-size",
+    "8",
+    "--train-size",
+    "24",
+    "--test-size",
+    "8",
+];
+
+/// `--compact-dropout`: the checkpointed runs hold their dropout masks as bits, the plain
+/// run stays libtorch's. The numbers stay bit-identical, the plain run's peak does not
+/// move, and each checkpointed run's peak drops against the same run without the flag
+/// (full recompute's redrawn dropouts and the last segment's hold bits); the JSON marks
+/// the runs and gives every run but the first its per-step time ratio to plain.
+#[test]
+fn compact_dropout_holds_masks_as_bits_with_the_same_numbers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = SMALL.to_vec();
+    args.extend(["--segments", "2", "--policy", "full", "--policy", "masks"]);
+    let (before, _) = run_ok(&args, &tmp.path().join("noise.json"));
+    args.push("--compact-dropout");
+    let (doc, stdout) = run_ok(&args, &tmp.path().join("bits.json"));
+    assert_eq!(doc["grad_max_abs_diff"].as_f64(), Some(0.0));
+    assert_eq!(doc["loss_max_abs_diff"].as_f64(), Some(0.0));
+    let runs = doc["runs"].as_array().unwrap();
+    let field = |doc: &Value, key: &str| -> Vec<Value> {
+        doc["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r[key].clone())
+            .collect()
+    };
+    assert_eq!(field(&doc, "compact_dropout"), [false, true, true]);
+    assert_eq!(field(&before, "compact_dropout"), [false, false, false]);
+    assert_eq!(field(&doc, "final_loss"), field(&before, "final_loss"));
+    let peak = |doc: &Value| -> Vec<i64> {
+        field(doc, "peak_bytes")
+            .iter()
+            .map(|p| p.as_i64().unwrap())
+            .collect()
+    };
+    let (bits, noise) = (peak(&doc), peak(&before));
+    assert_eq!(bits[0], noise[0], "plain's peak moved");
+    assert!(
+        bits[1] < noise[1] && bits[2] < noise[2],
+        "{bits:?} vs {noise:?}"
+    );
+    assert!(runs[0]["step_ratio"].is_null());
+    for run in &runs[1..] {
+        let r = &run["step_ratio"];
+        assert_eq!(r["steps"], 2, "{r}");
+        let (q1, m, q3) = (
+            r["q1"].as_f64().unwrap(),
+            r["median"].as_f64().unwrap(),
+            r["q3"].as_f64().unwrap(),
+        );
+        assert!(0.0 < q1 && q1 <= m && m <= q3, "{r}");
+    }
+    assert!(
+        stdout.contains("checkpointed (masks): step time / plain's, step by step (interleaved, steps 2-3): median"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("--compact-dropout: every run but plain held its dropout masks as bits"),
+        "{stdout}"
+    );
+}
+
+/// `--compact-dropout --budget F`: the planner profiles compact stages, and `F` stays a
+/// fraction of the plain run of the table (libtorch's dropout): the bytes it prints equal
+/// the budget `--explain` shows for `F` without the flag, and the plan fits them.
+#[test]
+fn compact_dropout_keeps_a_budget_fraction_of_the_plain_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = SMALL.to_vec();
+    args.extend(["--budget", "45%", "--policy", "auto", "--compact-dropout"]);
+    let (doc, stdout) = run_ok(&args, &tmp.path().join("budget.json"));
+    let bytes_in = |text: &str, prefix: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.trim_start().strip_prefix(prefix))
+            .and_then(|rest| rest.split_once(" ("))
+            .and_then(|(_, rest)| rest.split_once(" B)"))
+            .and_then(|(n, _)| n.parse().ok())
+            .unwrap_or_else(|| panic!("no `{prefix}` line with bytes in:\n{text}"))
+    };
+    let bytes = bytes_in(
+        &stdout,
+        "--compact-dropout: --budget 45% of the plain run's peak is ",
+    );
+    let mut explain = SMALL.to_vec();
+    explain.extend(["--budget", "45%", "--mode", "plain", "--explain"]);
+    let (_, explained) = run_ok(&explain, &tmp.path().join("explain.json"));
+    assert_eq!(bytes, bytes_in(&explained, "budget: "), "{explained}");
+    let runs = doc["runs"].as_array().unwrap();
+    assert_eq!(runs[1]["compact_dropout"], true);
+    let predicted = runs[1]["plan"]["predicted_peak_bytes"].as_u64().unwrap();
+    assert!(predicted <= bytes, "{predicted} > {bytes}");
+    assert_eq!(doc["grad_max_abs_diff"].as_f64(), Some(0.0));
+}

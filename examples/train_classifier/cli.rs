@@ -173,6 +173,14 @@ pub(crate) struct Args {
     /// all taking turns with the plain run.
     #[arg(long, value_enum, default_values_t = [PolicyArg::Full])]
     pub(crate) policy: Vec<PolicyArg>,
+    /// Every run but plain holds dropout's mask for backward as bits, 1 bit an element,
+    /// instead of libtorch's noise tensor (4 bytes an element for float32), in kept and
+    /// last segments and in recomputes (`ckpt::compact_dropout`; the same draw, results
+    /// bit-identical). CPU only: libtorch's CUDA dropout keeps a byte mask already, so on
+    /// CUDA this changes nothing. A `--budget` fraction stays a fraction of the plain
+    /// run's predicted peak (libtorch's dropout).
+    #[arg(long)]
+    pub(crate) compact_dropout: bool,
     /// Print the plan `--segments auto` (or `--budget`) makes for the first training
     /// batch, before training: first with each checkpointed segment's policy chosen by the planner,
     /// then for each --policy (a fixed policy, as the auto run uses it); per segment

@@ -43,7 +43,7 @@ use crate::cli::{Args, Cuts, DeviceArg, Mode, Sizes, device_name};
 use crate::report::{ConfigJson, Report, RunJson};
 use crate::shard::Sharding;
 use crate::train::{RunResult, RunSpec, Schedule, TrainConfig};
-use ckpt::plan::Objective;
+use ckpt::plan::{Budget, Objective};
 use ckpt_models::classifier::{self as model, ModelConfig, Strategy};
 use ckpt_models::data;
 use ckpt_models::listops::ListOpsConfig;
@@ -155,6 +155,7 @@ fn main() -> Result<()> {
         weight_decay: args.weight_decay,
         seed: args.seed,
         device,
+        compact_dropout: args.compact_dropout,
     };
 
     if lead {
@@ -203,8 +204,23 @@ fn main() -> Result<()> {
     let auto_runs =
         !args.sweep && args.mode != Mode::Plain && matches!(args.cuts(), Cuts::Planner(_));
     let sharding = pg.as_ref().map_or(Sharding::Single, Sharding::Ddp);
+    let mut cuts = args.cuts();
+    if let Cuts::Planner(Objective::Budget(budget @ Budget::FractionOfPlain(_))) = cuts
+        && args.compact_dropout
+        && (auto_runs || args.explain)
+    {
+        let bytes = budget_of_plain(&task.train, &model_cfg, &train_cfg, sharding, budget)?;
+        if lead {
+            println!(
+                "--compact-dropout: --budget {budget} is {} (the planner profiles compact \
+                 stages, whose plain run holds less)",
+                Budget::Bytes(bytes)
+            );
+        }
+        cuts = Cuts::Planner(Objective::Budget(Budget::Bytes(bytes)));
+    }
     if (args.explain && lead) || auto_runs {
-        let objective = match args.cuts() {
+        let objective = match cuts {
             Cuts::Planner(objective) => objective,
             Cuts::Count(_) => Objective::MinPeak,
         };
@@ -229,7 +245,7 @@ fn main() -> Result<()> {
         !args.sweep || policies.len() == 1,
         "--sweep takes one --policy"
     );
-    let plan = run_specs(&args, &policies);
+    let plan = run_specs(&args, cuts, &policies);
 
     let schedule = if args.sequential {
         Schedule::Sequential
@@ -274,6 +290,11 @@ fn main() -> Result<()> {
     );
     print!("{}", report::table(&runs));
     print!("{}", report::plan_lines(&runs));
+    let schedule_name = match schedule {
+        Schedule::Interleaved => "interleaved",
+        Schedule::Sequential => "sequential",
+    };
+    print!("{}", report::ratio_lines(&runs, schedule_name));
     let ddp_diff = runs
         .iter()
         .filter_map(|r| r.ddp_max_param_diff)
@@ -334,16 +355,19 @@ fn main() -> Result<()> {
                 warmup_steps: train_cfg.warmup,
                 seed: args.seed,
             },
-            runs: runs.iter().map(|r| RunJson::new(r, reference)).collect(),
+            runs: runs
+                .iter()
+                .enumerate()
+                .map(|(i, r)| RunJson {
+                    step_ratio: (i > 0).then(|| report::step_ratio(r, reference)).flatten(),
+                    ..RunJson::new(r, reference)
+                })
+                .collect(),
             grad_max_abs_diff: grad_diff,
             loss_max_abs_diff: loss_diff,
             threads: tch::get_num_threads(),
             reference_run: reference.name.clone(),
-            schedule: match schedule {
-                Schedule::Interleaved => "interleaved",
-                Schedule::Sequential => "sequential",
-            }
-            .to_owned(),
+            schedule: schedule_name.to_owned(),
             world_size: world,
             ddp_max_param_diff: ddp_diff,
         };
@@ -387,7 +411,7 @@ fn load_task(args: &Args, sizes: &Sizes) -> Result<data::Task> {
 
 /// The runs to make: `--sweep`'s `segments = 1..=layers`, or plain and/or the
 /// checkpointed run of `--segments` with each `--policy` (`--mode`).
-fn run_specs(args: &Args, policies: &[Option<ckpt::Policy>]) -> Vec<RunSpec> {
+fn run_specs(args: &Args, cuts: Cuts, policies: &[Option<ckpt::Policy>]) -> Vec<RunSpec> {
     if args.sweep {
         (1..=args.layers)
             .map(|k| {
@@ -404,7 +428,7 @@ fn run_specs(args: &Args, policies: &[Option<ckpt::Policy>]) -> Vec<RunSpec> {
             Strategy::Plain,
             Some(ckpt::Policy::RECOMPUTE_ALL),
         );
-        let (name, strategy) = match args.cuts() {
+        let (name, strategy) = match cuts {
             // The planner's cuts (the segments column shows `-`).
             Cuts::Planner(objective @ Objective::Budget(_)) => {
                 ("budget".to_owned(), Strategy::Auto(objective))
@@ -469,20 +493,13 @@ fn auto_plans(
     policies: &[Option<ckpt::Policy>],
     chosen_too: bool,
 ) -> Result<Vec<(String, ckpt::plan::Plan)>> {
-    tch::manual_seed(cfg.seed as i64);
-    let vs = tch::nn::VarStore::new(cfg.device);
-    let mut model = model::Classifier::new(vs.root(), model_cfg);
-    Strategy::Auto(objective).apply(&mut model, model_cfg.layers)?;
+    let (_vs, mut model, xs) = first_batch_model(data, model_cfg, cfg, sharding, objective)?;
     let what = match objective {
         Objective::MinPeak => "segments = auto".to_owned(),
         Objective::Budget(b) => format!("budget {b}"),
     };
-    let steps = shard::epoch_steps(data, cfg, sharding, 0)?;
-    let (_, rows) = steps
-        .first()
-        .and_then(|s| s.first())
-        .context("no training batch")?;
-    let (xs, _) = data.batch(rows, cfg.device);
+    // Profiled as the runs profile: with `--compact-dropout`, compact stages.
+    let _compact = cfg.compact_dropout.then(ckpt::compact_dropout_guard);
     let mut plans = Vec::new();
     if chosen_too || policies.contains(&None) {
         let chosen = format!("{what}, policies chosen by the planner");
@@ -508,4 +525,53 @@ fn auto_plans(
         ));
     }
     Ok(plans)
+}
+
+/// A fresh model (the runs' weights) cut by the planner for `objective`, and this
+/// process's first training batch (its rank's share in a data-parallel run).
+///
+/// # Errors
+///
+/// When the training split has no batch, or the strategy does not apply.
+fn first_batch_model(
+    data: &data::Dataset,
+    model_cfg: &ModelConfig,
+    cfg: &TrainConfig,
+    sharding: Sharding,
+    objective: Objective,
+) -> Result<(tch::nn::VarStore, model::Classifier, tch::Tensor)> {
+    tch::manual_seed(cfg.seed as i64);
+    let vs = tch::nn::VarStore::new(cfg.device);
+    let mut model = model::Classifier::new(vs.root(), model_cfg);
+    Strategy::Auto(objective).apply(&mut model, model_cfg.layers)?;
+    let steps = shard::epoch_steps(data, cfg, sharding, 0)?;
+    let (_, rows) = steps
+        .first()
+        .and_then(|s| s.first())
+        .context("no training batch")?;
+    let (xs, _) = data.batch(rows, cfg.device);
+    Ok((vs, model, xs))
+}
+
+/// `budget`, a fraction of the plain run's predicted peak, in bytes, for
+/// `--compact-dropout`: the planner then profiles compact stages, whose own plain run
+/// holds its dropout masks as bits, so the fraction is taken here of a profile without
+/// compact dropout, the plain run of the table.
+///
+/// # Errors
+///
+/// When profiling fails, or the fraction is not positive and finite.
+fn budget_of_plain(
+    data: &data::Dataset,
+    model_cfg: &ModelConfig,
+    cfg: &TrainConfig,
+    sharding: Sharding,
+    budget: Budget,
+) -> Result<u64> {
+    let (_vs, model, xs) = first_batch_model(data, model_cfg, cfg, sharding, Objective::MinPeak)?;
+    let plain = model
+        .plan_for(&xs, true)
+        .context("profiling the plain run for --budget")?
+        .plain_peak_bytes();
+    Ok(budget.bytes(plain)?)
 }

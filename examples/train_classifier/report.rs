@@ -90,6 +90,8 @@ pub struct RunJson {
     /// What checkpointed segments keep: `full`, `masks`, `narrowing`, `selective`, `auto`
     /// (the planner chose per segment), or `none` (plain).
     pub policy: String,
+    /// The run held its dropout masks as bits (`--compact-dropout`; `false` for plain).
+    pub compact_dropout: bool,
     /// Peak tensor bytes above the pre-step baseline of a steady training step.
     pub peak_bytes: i64,
     /// Median step wall time, seconds.
@@ -107,6 +109,9 @@ pub struct RunJson {
     pub baseline_bytes: i64,
     /// Step time over the reference run's, minus 1, in percent.
     pub overhead_pct: f64,
+    /// This run's step times over the reference run's, step by step (`null` for the
+    /// reference, and with fewer than two steps).
+    pub step_ratio: Option<StepRatio>,
     /// Peak memory saved against the reference run, in percent.
     pub memory_reduction_pct: f64,
     /// Loss of every step.
@@ -184,6 +189,73 @@ pub fn plan_lines(runs: &[RunResult]) -> String {
     out
 }
 
+/// A run's step times over the reference run's, step by step, leaving out the first
+/// step (it allocates AdamW's state and makes the planner's profile): with the runs
+/// interleaved, each pair of steps ran back to back, so the ratios see the same load.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct StepRatio {
+    /// Steps compared (steps 2 to `steps + 1`).
+    pub steps: usize,
+    /// Median of the per-step ratios.
+    pub median: f64,
+    /// First quartile (`np.quantile` linear, as [`ckpt_models::stats::quantile`]).
+    pub q1: f64,
+    /// Third quartile.
+    pub q3: f64,
+}
+
+/// `run`'s [`StepRatio`] against `reference`, over the steps both made; `None` with fewer
+/// than two steps.
+pub fn step_ratio(run: &RunResult, reference: &RunResult) -> Option<StepRatio> {
+    let ratios: Vec<f64> = run
+        .step_seconds
+        .iter()
+        .zip(&reference.step_seconds)
+        .skip(1)
+        .map(|(a, b)| a / b)
+        .collect();
+    let q = |x| ckpt_models::stats::quantile(&ratios, x);
+    Some(StepRatio {
+        steps: ratios.len(),
+        median: q(0.5)?,
+        q1: q(0.25)?,
+        q3: q(0.75)?,
+    })
+}
+
+/// One line per run after the first: its [`StepRatio`] against the first run, and a
+/// line for `--compact-dropout`'s runs.
+pub fn ratio_lines(runs: &[RunResult], schedule: &str) -> String {
+    let mut out = String::new();
+    let Some((reference, rest)) = runs.split_first() else {
+        return out;
+    };
+    for r in rest {
+        if let Some(s) = step_ratio(r, reference) {
+            let _ = writeln!(
+                out,
+                "{} ({}): step time / {}'s, step by step ({schedule}, steps 2-{}): median \
+                 {:.3} (IQR {:.3}-{:.3})",
+                r.name,
+                r.policy,
+                reference.name,
+                s.steps + 1,
+                s.median,
+                s.q1,
+                s.q3
+            );
+        }
+    }
+    if runs.iter().any(|r| r.compact_dropout) {
+        let _ = writeln!(
+            out,
+            "--compact-dropout: every run but plain held its dropout masks as bits \
+             (ckpt::compact_dropout)"
+        );
+    }
+    out
+}
+
 /// One rank in [`RunJson::ranks`].
 #[derive(Debug, Serialize)]
 pub struct RankJson {
@@ -220,6 +292,7 @@ impl RunJson {
             name: run.name.clone(),
             segments: run.segments,
             policy: run.policy.to_owned(),
+            compact_dropout: run.compact_dropout,
             peak_bytes: run.peak_bytes,
             step_seconds_median: run.step_seconds_median,
             epoch_seconds: run.epoch_seconds,
@@ -228,6 +301,8 @@ impl RunJson {
             first_step_peak_bytes: run.first_step_peak_bytes,
             baseline_bytes: run.baseline_bytes,
             overhead_pct,
+            // Set by the caller, which knows which run is the reference.
+            step_ratio: None,
             memory_reduction_pct,
             losses: run.losses.clone(),
             step_seconds: run.step_seconds.clone(),

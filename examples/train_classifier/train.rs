@@ -55,6 +55,9 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Where the model runs.
     pub device: Device,
+    /// Every run but plain steps inside [`ckpt::compact_dropout`] (dropout masks held as
+    /// bits; `--compact-dropout`).
+    pub compact_dropout: bool,
 }
 
 /// One run to make: its name, how the blocks are cut, and what the checkpointed
@@ -71,6 +74,8 @@ pub struct RunResult {
     /// `full`, `selective`, `masks` or `narrowing` for checkpointed runs, `auto` when the planner
     /// chose per segment, `none` for plain.
     pub policy: &'static str,
+    /// The run stepped inside [`ckpt::compact_dropout`] (`--compact-dropout`; never plain).
+    pub compact_dropout: bool,
     /// Peak tensor bytes above the step's baseline, largest over the steps after the
     /// first (the first when there is only one).
     pub peak_bytes: i64,
@@ -238,6 +243,7 @@ impl Run {
                     Strategy::Plain => "none",
                     _ => policy.map_or("auto", ckpt::plan::policy_name),
                 },
+                compact_dropout: cfg.compact_dropout && strategy != Strategy::Plain,
                 peak_bytes: 0,
                 first_step_peak_bytes: 0,
                 baseline_bytes: 0,
@@ -273,6 +279,11 @@ impl Run {
         self.opt
             .set_lr(cfg.lr * ((step + 1) as f64 / cfg.warmup.max(1) as f64).min(1.0));
         self.opt.zero_grad();
+        // Forward and backward (a recompute's too) on this thread, so inside the scope.
+        let _compact = self
+            .result
+            .compact_dropout
+            .then(ckpt::compact_dropout_guard);
         synchronize(cfg.device);
         let start = Instant::now();
         let n = shares.len();
