@@ -332,7 +332,7 @@ fn main() -> Result<()> {
     }
 
     if let Some(path) = &args.json {
-        let reference = &runs[0];
+        let reference = report::reference(&runs).context("no runs to report")?;
         let doc = Report {
             task: task.name.to_owned(),
             device: device_name(device),
@@ -355,14 +355,7 @@ fn main() -> Result<()> {
                 warmup_steps: train_cfg.warmup,
                 seed: args.seed,
             },
-            runs: runs
-                .iter()
-                .enumerate()
-                .map(|(i, r)| RunJson {
-                    step_ratio: (i > 0).then(|| report::step_ratio(r, reference)).flatten(),
-                    ..RunJson::new(r, reference)
-                })
-                .collect(),
+            runs: runs.iter().map(|r| RunJson::new(r, reference)).collect(),
             grad_max_abs_diff: grad_diff,
             loss_max_abs_diff: loss_diff,
             threads: tch::get_num_threads(),

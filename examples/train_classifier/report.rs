@@ -10,6 +10,13 @@ use serde::Serialize;
 
 use crate::train::{MIB, RankFigures, RunResult};
 
+/// The run every other is compared with (overheads, memory saved, step-time ratios, the
+/// JSON's `reference_run`): the first, the plain run unless `--mode` or `--sweep` chose
+/// otherwise. `None` for no runs.
+pub fn reference(runs: &[RunResult]) -> Option<&RunResult> {
+    runs.first()
+}
+
 /// The `--json` document. The fields of the issue keep their names and units (bytes,
 /// seconds, fractions 0..1); the rest are additions.
 #[derive(Debug, Serialize)]
@@ -204,9 +211,12 @@ pub struct StepRatio {
     pub q3: f64,
 }
 
-/// `run`'s [`StepRatio`] against `reference`, over the steps both made; `None` with fewer
-/// than two steps.
+/// `run`'s [`StepRatio`] against `reference`, over the steps both made; `None` when `run`
+/// is `reference` or with fewer than two steps.
 pub fn step_ratio(run: &RunResult, reference: &RunResult) -> Option<StepRatio> {
+    if std::ptr::eq(run, reference) {
+        return None;
+    }
     let ratios: Vec<f64> = run
         .step_seconds
         .iter()
@@ -223,14 +233,14 @@ pub fn step_ratio(run: &RunResult, reference: &RunResult) -> Option<StepRatio> {
     })
 }
 
-/// One line per run after the first: its [`StepRatio`] against the first run, and a
-/// line for `--compact-dropout`'s runs.
+/// One line per run but the [`reference`]: its [`StepRatio`] against the reference, and
+/// a line for `--compact-dropout`'s runs.
 pub fn ratio_lines(runs: &[RunResult], schedule: &str) -> String {
     let mut out = String::new();
-    let Some((reference, rest)) = runs.split_first() else {
+    let Some(reference) = reference(runs) else {
         return out;
     };
-    for r in rest {
+    for r in runs {
         if let Some(s) = step_ratio(r, reference) {
             let _ = writeln!(
                 out,
@@ -301,8 +311,7 @@ impl RunJson {
             first_step_peak_bytes: run.first_step_peak_bytes,
             baseline_bytes: run.baseline_bytes,
             overhead_pct,
-            // Set by the caller, which knows which run is the reference.
-            step_ratio: None,
+            step_ratio: step_ratio(run, reference),
             memory_reduction_pct,
             losses: run.losses.clone(),
             step_seconds: run.step_seconds.clone(),
@@ -324,7 +333,8 @@ pub fn write_json(path: &Path, report: &Report) -> Result<()> {
     std::fs::write(path, text + "\n").with_context(|| format!("{}: cannot write", path.display()))
 }
 
-/// The comparison table; the first run is the reference of the last two columns.
+/// The comparison table; the [`reference`] run is the reference of its overhead and
+/// memory-saved columns.
 pub fn table(runs: &[RunResult]) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -341,10 +351,12 @@ pub fn table(runs: &[RunResult]) -> String {
         "test acc",
         "final loss"
     );
-    let reference = &runs[0];
-    for (i, r) in runs.iter().enumerate() {
+    let Some(reference) = reference(runs) else {
+        return out;
+    };
+    for r in runs {
         let (overhead, saved) = compare(r, reference);
-        let (overhead, saved) = if i == 0 {
+        let (overhead, saved) = if std::ptr::eq(r, reference) {
             ("-".to_owned(), "-".to_owned())
         } else {
             (format!("{overhead:+.1}%"), format!("{saved:.1}%"))
@@ -420,7 +432,7 @@ pub fn rank_table(runs: &[RunResult]) -> String {
     out
 }
 
-/// Writes the sweep as CSV, one row a run; the first run is the reference.
+/// Writes the sweep as CSV, one row a run, compared with the [`reference`] run.
 ///
 /// # Errors
 ///
@@ -431,7 +443,7 @@ pub fn write_csv(path: &Path, runs: &[RunResult]) -> Result<()> {
          overhead_pct,memory_reduction_pct,test_accuracy,final_loss\n",
     );
     for r in runs {
-        let (overhead, saved) = compare(r, &runs[0]);
+        let (overhead, saved) = compare(r, reference(runs).unwrap_or(r));
         let _ = writeln!(
             out,
             "{},{},{:.3},{},{:.6},{:.3},{:.2},{:.2},{:.4},{:.6}",
