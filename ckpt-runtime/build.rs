@@ -3,6 +3,7 @@
 //! counting CPU allocator, CUDA statistics), `state.cpp` (the C API of generator and
 //! autocast state), `rng.cpp` (generator snapshots), `buffers.cpp` (batch
 //! norm statistics frozen in recomputes), `policy.cpp` (selective checkpointing),
+//! `bernoulli.cpp` (libtorch's CPU Bernoulli draw, reproduced as bits),
 //! `params.cpp` (captured parameters as inputs of the node), and, as a library of its
 //! own with Gloo's headers, `dist.cpp` (the c10d binding of `ckpt::dist`). With the
 //! `nccl` feature `dist.cpp` also gets c10d's NCCL backend, which needs CUDA headers the
@@ -12,20 +13,22 @@ use std::env;
 use std::path::PathBuf;
 
 /// The translation units, and the headers they share.
-const SOURCES: [&str; 7] = [
+const SOURCES: [&str; 8] = [
     "csrc/ckpt.cpp",
     "csrc/memory.cpp",
     "csrc/state.cpp",
     "csrc/rng.cpp",
     "csrc/buffers.cpp",
     "csrc/policy.cpp",
+    "csrc/bernoulli.cpp",
     "csrc/params.cpp",
 ];
-const HEADERS: [&str; 4] = [
+const HEADERS: [&str; 5] = [
     "csrc/ffi.h",
     "csrc/common.h",
     "csrc/extra.h",
     "csrc/policy.h",
+    "csrc/bernoulli.h",
 ];
 
 fn main() {

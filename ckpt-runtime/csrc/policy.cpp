@@ -43,6 +43,7 @@
 // down its fused path, is recomputed as usual.
 
 #include "policy.h"
+#include "bernoulli.h"
 #include "ffi.h"
 
 #include <ATen/ATen.h>
@@ -514,9 +515,17 @@ at::Tensor apply_mask(const at::Tensor& bits, const at::Tensor& input, double p)
   return out;
 }
 
-// The composite's draw (`empty_like`, `bernoulli_(1 - p)`) as bits: the noise tensor is
+// The composite's draw (`empty_like`, `bernoulli_(1 - p)`) as bits. For a contiguous
+// input (whose noise `bernoulli_` fills in logical order) csrc/bernoulli.cpp draws the
+// same values straight into bits, without the noise tensor; otherwise, or where that
+// kernel does not match this libtorch, the composite's noise is drawn and packed, and
 // freed before the product is formed.
 at::Tensor draw_bits(const at::Tensor& input, double p) {
+  if (input.is_contiguous()) {
+    const int64_t n = input.numel();
+    at::Tensor bits = at::empty({(n + 7) / 8}, input.options().dtype(at::kByte));
+    if (ckpt_bernoulli::draw_bits(n, 1 - p, bits.mutable_data_ptr<uint8_t>())) return bits;
+  }
   at::Tensor noise = at::empty_like(input);
   noise.bernoulli_(1 - p);
   return pack_bits(noise);
@@ -535,8 +544,9 @@ at::Tensor dropout_kernel(const at::Tensor& input, double p, bool train) {
   if (!handled(input, p, train)) return at::native::dropout(input, p, train);
   if (!in_policy || (c->flags & kSaveDropoutMasks) == 0) {
     // Outside a policy that keeps masks: a compact dropout when one applies (it holds
-    // something for backward only with a graph), else the composite.
-    if (t_compact && needs_graph(input)) return apply_mask(draw_bits(input, p), input, p);
+    // the bits for backward only with a graph; without one it only draws faster), else
+    // the composite.
+    if (t_compact) return apply_mask(draw_bits(input, p), input, p);
     return at::native::dropout(input, p, train);
   }
   if (t_mode == kRecord) {

@@ -5,11 +5,12 @@ use crate::ffi::CompactDropout;
 
 /// Runs `f` with compact dropout on this thread: every training-mode dropout call
 /// (`Tensor::dropout`, `nn::func::dropout`, the `dropout` of tch's modules) on a CPU
-/// floating-point tensor that needs a gradient keeps its mask as bits, 1 bit an element,
-/// for its backward, instead of a noise tensor of the input's size and type. Results and
-/// gradients (first and second order) are bit-equal to plain dropout's; the random stream
-/// is drawn exactly as plain dropout draws it (the same `bernoulli_(1 - p)` on a tensor
-/// like the input's).
+/// floating-point tensor draws its mask straight into bits and, where it needs a
+/// gradient, keeps those bits for its backward, 1 bit an element, instead of a noise
+/// tensor of the input's size and type. Results and gradients (first and second order)
+/// are bit-equal to plain dropout's, and the random stream is left as plain dropout
+/// leaves it: the same draws (`bernoulli_(1 - p)` on a tensor like the input's) from the
+/// same CPU generator.
 ///
 /// libtorch's CPU dropout (`at::native::dropout`, a composite) returns `input * noise`,
 /// whose `MulBackward0` node holds the noise until backward: as many bytes as the output,
@@ -19,14 +20,24 @@ use crate::ffi::CompactDropout;
 /// seq 1024 its noise is a `[4, 4, 1024, 1024]` float tensor, 64 MiB, held in 2 MiB.
 /// PyTorch's CUDA dropout (`native_dropout`) keeps a mask too, one byte an element.
 ///
-/// Calls it leaves alone, which run libtorch's dropout unchanged: under `no_grad` or on
-/// an input that needs no gradient (nothing is held for backward then), evaluation mode,
-/// `p` of 0 or 1, CUDA tensors (libtorch's CUDA dropout keeps a byte mask already),
-/// inputs with a forward-mode tangent, and calls inside a checkpointed segment that has
-/// a [`Policy`](crate::Policy) keeping dropout masks (the segment keeps them itself). A
-/// checkpointed segment's recompute is compact when its backward is called inside the
-/// scope on this thread (it runs on the calling thread on CPU), and its policy keeps no
-/// masks.
+/// **The draw.** libtorch draws CPU dropout noise on one thread, element by element
+/// (`bernoulli_`'s serial kernel over the generator's MT19937 engine): about 130 ms for
+/// that `[4, 4, 1024, 1024]` noise on a 2-core Xeon. For a contiguous input a compact
+/// dropout draws the same numbers from the same engine itself, blockwise and with AVX2
+/// where the CPU has it (`csrc/bernoulli.cpp`), straight into the bits: about 12 ms there.
+/// That kernel is checked against this libtorch's `bernoulli_` once a process; where they
+/// disagree (another libtorch build), or for a non-contiguous input, the draw is
+/// `bernoulli_`'s own, with the same results.
+///
+/// Calls it leaves alone, which run libtorch's dropout unchanged: evaluation mode, `p` of
+/// 0 or 1, CUDA tensors (libtorch's CUDA dropout keeps a byte mask already), inputs with
+/// a forward-mode tangent or a layout other than strided, and calls inside a
+/// checkpointed segment that has a [`Policy`](crate::Policy) keeping dropout masks (the
+/// segment keeps them itself, drawn the same way). A call under `no_grad`, or on an
+/// input that needs no gradient, draws as above and holds nothing (there is no
+/// backward). A checkpointed segment's recompute is compact when its backward is called
+/// inside the scope on this thread (it runs on the calling thread on CPU), and its
+/// policy keeps no masks.
 ///
 /// Nesting is allowed (the inner scope restores the outer setting); the setting is per
 /// thread, like grad mode, and is restored when `f` panics.
@@ -60,4 +71,24 @@ impl std::fmt::Debug for CompactDropoutGuard {
 /// [`compact_dropout`]).
 pub fn compact_dropout_guard() -> CompactDropoutGuard {
     CompactDropoutGuard(CompactDropout::set(true))
+}
+
+/// Test hook: `true` makes the mask draw of compact dropout and of the policies use its
+/// portable loop where the CPU would take the AVX2 one, process-wide (both draw the same
+/// bits). Returns the previous setting. Not part of the API.
+#[doc(hidden)]
+pub fn force_portable_draw(on: bool) -> bool {
+    crate::ffi::force_portable_draw(on)
+}
+
+/// Test hook: the kernel the mask draw of compact dropout and of the policies uses now:
+/// `"avx2"`, `"portable"`, or `"bernoulli_"` where `csrc/bernoulli.cpp`'s kernels disagree
+/// with this libtorch (libtorch's own draw then). Not part of the API.
+#[doc(hidden)]
+pub fn mask_draw_kernel() -> &'static str {
+    match crate::ffi::mask_draw_kernel() {
+        2 => "avx2",
+        1 => "portable",
+        _ => "bernoulli_",
+    }
 }

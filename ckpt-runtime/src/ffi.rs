@@ -96,6 +96,8 @@ unsafe extern "C" {
     fn ckpt_apply(segment: *const Segment, ctx: *const Ctx) -> i32;
     fn ckpt_policy_exchange(flags: u32) -> u32;
     fn ckpt_compact_dropout_exchange(on: bool) -> bool;
+    fn ckpt_bernoulli_force_portable(on: bool) -> bool;
+    fn ckpt_bernoulli_kernel() -> i32;
     fn ckpt_policy_probe_new(flags: u32) -> *mut c_void;
     fn ckpt_policy_probe_free(cache: *mut c_void);
     fn ckpt_policy_probe_enter(cache: *mut c_void, replay: bool) -> *mut c_void;
@@ -354,6 +356,20 @@ impl Drop for CompactDropout {
         // SAFETY: as in `set`.
         unsafe { ckpt_compact_dropout_exchange(self.prev) };
     }
+}
+
+/// Makes the dropout masks' draw (`csrc/bernoulli.cpp`) use its portable loop where the
+/// CPU would take the AVX2 one, process-wide; returns the previous setting.
+pub(crate) fn force_portable_draw(on: bool) -> bool {
+    // SAFETY: sets a process-wide atomic flag and returns the previous one; no pointers.
+    unsafe { ckpt_bernoulli_force_portable(on) }
+}
+
+/// The kernel the dropout masks' draw uses now: 0 `bernoulli_` (csrc/bernoulli.cpp's
+/// kernels disagree with this libtorch), 1 the portable loop, 2 the AVX2 one.
+pub(crate) fn mask_draw_kernel() -> i32 {
+    // SAFETY: reads process-wide state (checking the kernels once); no pointers.
+    unsafe { ckpt_bernoulli_kernel() }
 }
 
 /// While alive, the selective-checkpointing policy is off on this thread (a null cache's

@@ -36,6 +36,8 @@ pub use checkpoint::{
     is_recomputing, live_segments,
 };
 pub use dropout::{CompactDropoutGuard, compact_dropout, compact_dropout_guard};
+#[doc(hidden)]
+pub use dropout::{force_portable_draw, mask_draw_kernel};
 pub use error::CkptError;
 pub use plan::{
     checkpoint_sequential_plan, checkpoint_sequential_plan_t, f_checkpoint_sequential_plan,
