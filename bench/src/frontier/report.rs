@@ -11,7 +11,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::Config;
-use super::side::{HEAP_RESERVE_BYTES, HEAP_STEADY_FAULTS, MAX_EXTRA_WARMUP, PointResult};
+use super::side::{HEAP_RESERVE_BYTES, HEAP_STEADY_FAULTS, MAX_EXTRA_WARMUP, Point, PointResult};
 
 const MIB: f64 = 1048576.0;
 
@@ -77,6 +77,11 @@ pub struct PointFigures {
     pub torch: Option<SideFigures>,
     /// Per-round ckpt / PyTorch step-time ratio.
     pub time_ratio: Option<Spread>,
+    /// For a point whose step runs in `ckpt::compact_dropout` (but `compact` itself):
+    /// the per-round ratio to the `compact` point of the same process, the cost of its
+    /// checkpointing alone (both draw their masks with ckpt's kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vs_compact: Option<Spread>,
     pub peak_ratio: Option<f64>,
     /// For a budget point: the plan and its predicted peak.
     pub plan: Option<String>,
@@ -223,6 +228,23 @@ impl Report {
                             .collect(),
                     )
                 });
+                let compact = Point::Compact.name();
+                let vs_compact = (point.compact() && name != compact)
+                    .then(|| {
+                        let ratios: Option<Vec<f64>> = ours
+                            .iter()
+                            .map(|r| {
+                                let t = |n: &str| {
+                                    r.iter()
+                                        .find(|p| p.name == n)
+                                        .map(|p| p.step_seconds_median)
+                                };
+                                Some(t(&name)? / t(&compact)?)
+                            })
+                            .collect();
+                        ratios.map(Spread::of)
+                    })
+                    .flatten();
                 let last = rounds_of
                     .last()
                     .and_then(|r| r.ckpt.iter().find(|p| p.name == name));
@@ -235,6 +257,7 @@ impl Report {
                     ckpt,
                     torch,
                     time_ratio,
+                    vs_compact,
                     plan: last.and_then(|p| p.plan.clone()),
                     predicted_peak_bytes: last.and_then(|p| p.predicted_peak_bytes),
                 });
@@ -310,9 +333,12 @@ impl Report {
              element), `narrowing/3` (`Policy::narrowing()`: the masks and the feed-forward \
              down-projection's output), `selective+masks/3` (`Policy::selective()`), `budget P%` \
              (`segments = auto` within P % of plain's predicted peak), `compact` (plain, the \
-             step in `ckpt::compact_dropout`: every dropout mask held for backward as bits \
-             instead of a float noise tensor), `compact budget P%` (the planner in a compact \
-             step: P % of a compact plain run's predicted peak).\n"
+             step in `ckpt::compact_dropout`: every dropout mask drawn by ckpt's kernel \
+             straight into bits, the same draws as libtorch's serial `bernoulli_`, and held \
+             for backward as bits instead of a float noise tensor), `compact budget P%` (the \
+             planner in a compact step: P % of a compact plain run's predicted peak; \
+             `x compact` in the goals is its per-round ratio to `compact`, what its \
+             checkpointing alone costs).\n"
         );
         let _ = writeln!(
             s,
@@ -487,6 +513,14 @@ impl Report {
                     best.ckpt.vs_plain.show(3),
                     Self::verdict(&best.ckpt.vs_plain.values, 1.15)
                 );
+                if let Some(vc) = &best.vs_compact {
+                    let _ = writeln!(
+                        s,
+                        "  - its checkpointing alone, against `compact` (nothing checkpointed, the same mask draw): {} x compact: {}",
+                        vc.show(3),
+                        Self::verdict(&vc.values, 1.15)
+                    );
+                }
             }
             None => s.push_str("- at >= 60 % less peak: no ckpt point saves 60 %: not met\n"),
         }
